@@ -1,0 +1,18 @@
+"""pyro-multihop: chained (multi-hop) responsibility attention as a probabilistic model, in Pyro."""
+
+from .data import Observations, chain_task, induction_task, transitive_task
+from .hop_chain import HopChain, HopPosterior
+from .models import ChainedAttention, HopAttentionHead
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Observations",
+    "chain_task",
+    "transitive_task",
+    "induction_task",
+    "HopChain",
+    "HopPosterior",
+    "HopAttentionHead",
+    "ChainedAttention",
+]

@@ -1,0 +1,189 @@
+"""What every multi-hop attention head shares: validation, exact inference through its hop chain, sampling,
+and the enumerated Pyro sites for the hop latents and the target.
+
+A head subclasses :class:`HopAttentionHead` and supplies
+
+- ``hop_chain(obs) -> HopChain``, the log gate factors of a batch (plug-in parameters), and
+- ``emission``, the ``(S, T)`` target table,
+
+and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``, ``posterior``,
+``evaluate`` and ``sample`` from here. Its Pyro ``model`` draws the hop latents with
+:func:`sample_hops`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule
+from pyro.ops.indexing import Vindex
+
+from ..data import Observations
+from ..hop_chain import (
+    HopChain,
+    HopPosterior,
+    chain_log_likelihood,
+    chain_map_paths,
+    chain_posterior,
+    chain_sample_paths,
+    last_hop_prior,
+)
+
+__all__ = ["HopAttentionHead", "sample_hops", "check_positive_int", "check_sigma2"]
+
+
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_sigma2(sigma2) -> float:
+    try:
+        value = float(sigma2)
+    except (TypeError, ValueError):
+        raise TypeError(f"sigma2 must be a positive finite number, got {sigma2!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"sigma2 must be a positive finite number, got {sigma2!r}")
+    return value
+
+
+def sample_hops(chain: HopChain, values: torch.Tensor, emission: torch.Tensor, target: torch.Tensor) -> None:
+    """Pyro sites of the hop chain, to be called inside the observations plate (dim -1)::
+
+        z_1 ~ Categorical(exp(chain.init))                       # (n,) -> enumerated (N, 1)
+        z_l ~ Categorical(exp(chain.trans[l - 2][z_{l-1}]))      # l = 2..L, enumerated (N, 1, 1, ...)
+        target ~ Categorical(emission[values[z_L]])             # observed, (n,)
+
+    The hop sites carry ``infer={"enumerate": "parallel"}``; the observed target depends on ``z_L`` and
+    is therefore sampled inside the last ``pyro.markov`` iteration.
+
+    :param chain: log factors, ``init (n, N)``, ``trans (L - 1, n, N, N)``.
+    :param values: ``(n, N)`` value symbol at each position.
+    :param emission: ``(S, T)`` rows on the simplex.
+    :param target: ``(n,)`` observed targets.
+    """
+    log_emission = emission.log()
+    position = None
+    for hop in pyro.markov(range(chain.n_hops)):
+        logits = chain.init if hop == 0 else Vindex(chain.trans[hop - 1])[..., position, :]
+        position = pyro.sample(f"z_{hop + 1}", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
+        if hop == chain.n_hops - 1:
+            value = Vindex(values)[..., position]
+            pyro.sample("target", dist.Categorical(logits=log_emission[value]), obs=target)
+
+
+class HopAttentionHead(PyroModule):
+    """Base class of the L-hop attention heads (see the module docstring)."""
+
+    n_hops: int
+    num_symbols: int
+    num_targets: int
+
+    # -- to be supplied by a head --------------------------------------------------------------------
+    def hop_chain(self, obs: Observations) -> HopChain:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def config(self) -> dict:  # pragma: no cover - abstract
+        """JSON-serialisable constructor arguments that rebuild this head (parameters come from its state_dict)."""
+        raise NotImplementedError
+
+    def svi_kwargs(self, step: int) -> dict:
+        """Extra keyword arguments that SVI passes to ``model`` and ``guide`` at step ``step`` (none here)."""
+        return {}
+
+    # -- validation ------------------------------------------------------------------------------------
+    def check_observations(self, obs: Observations, name: str = "obs") -> Observations:
+        """Raise ``TypeError``/``ValueError`` naming the field if ``obs`` does not fit this model."""
+        if not isinstance(obs, Observations):
+            raise TypeError(f"{name} must be pyro_multihop.Observations, got {type(obs).__name__}")
+        obs.check_sizes(self.num_symbols, self.num_targets)
+        return obs
+
+    def _context(self, keys, values, query, mask=None) -> Observations:
+        if isinstance(keys, Observations):
+            return self.check_observations(keys)
+        query_tensor = torch.as_tensor(query)
+        obs = Observations(keys, values, query, torch.zeros_like(query_tensor, dtype=torch.long), mask)
+        obs.check_sizes(self.num_symbols, None)
+        return obs
+
+    def _log_emission(self, obs: Observations, emission: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``(n, N)``: log emission[value_i, target] for every position ``i``."""
+        emission = self.emission if emission is None else emission
+        return emission.log()[obs.values, obs.target.unsqueeze(-1)]
+
+    # -- exact inference ---------------------------------------------------------------------------------
+    def log_likelihood(self, obs: Observations) -> torch.Tensor:
+        """``(n,)`` exact ``log p(target | context, query)``, differentiable in the parameters."""
+        self.check_observations(obs)
+        return chain_log_likelihood(self.hop_chain(obs), self._log_emission(obs))
+
+    def predict_proba(self, keys, values=None, query=None, mask=None) -> torch.Tensor:
+        """``(n, T)`` predictive target distribution, the hop latents marginalised.
+
+        Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
+        """
+        obs = self._context(keys, values, query, mask)
+        weights = last_hop_prior(self.hop_chain(obs))  # (n, N)
+        return torch.einsum("ni,nit->nt", weights, self.emission[obs.values])
+
+    def posterior(self, obs: Observations) -> HopPosterior:
+        """Exact posterior over hop paths: log-likelihood, hop and pairwise marginals, MAP paths."""
+        self.check_observations(obs)
+        return chain_posterior(self.hop_chain(obs), self._log_emission(obs))
+
+    def hop_marginals(self, obs: Observations) -> torch.Tensor:
+        """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
+        return self.posterior(obs).hop_marginals
+
+    def map_paths(self, obs: Observations) -> torch.Tensor:
+        """``(n, L)`` LongTensor, the most probable hop path given the observation (Viterbi)."""
+        self.check_observations(obs)
+        return chain_map_paths(self.hop_chain(obs), self._log_emission(obs))
+
+    @torch.no_grad()
+    def evaluate(self, obs: Observations) -> dict:
+        """``{"log_likelihood": mean per observation, "accuracy": argmax-prediction accuracy, "n": n}``."""
+        self.check_observations(obs)
+        if len(obs) == 0:
+            raise ValueError("obs must hold at least one observation to evaluate, got 0")
+        log_likelihood = self.log_likelihood(obs)
+        predicted = self.predict_proba(obs).argmax(-1)
+        return {
+            "log_likelihood": float(log_likelihood.mean()),
+            "accuracy": float((predicted == obs.target).double().mean()),
+            "n": len(obs),
+        }
+
+    # -- generative sampler -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, n: int, context_len: int = 6, seed: Optional[int] = None) -> Observations:
+        """Draw ``n`` observations from the generative story.
+
+        Context keys, values and the query are uniform over the ``S`` symbols (``context_len``
+        positions); the hop path is drawn through the gate, and the target from the emission row of the
+        last attended value.
+        """
+        check_positive_int("n", n)
+        check_positive_int("context_len", context_len)
+        generator = torch.Generator()
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        keys = torch.randint(self.num_symbols, (n, context_len), generator=generator)
+        values = torch.randint(self.num_symbols, (n, context_len), generator=generator)
+        query = torch.randint(self.num_symbols, (n,), generator=generator)
+        context = Observations(keys, values, query, torch.zeros(n, dtype=torch.long))
+        paths = chain_sample_paths(self.hop_chain(context), generator)
+        last_values = values.gather(1, paths[:, -1:]).squeeze(1)
+        target = torch.multinomial(self.emission[last_values].float(), 1, generator=generator).squeeze(1)
+        return Observations(keys, values, query, target)
+
+    def extra_repr(self) -> str:
+        return f"n_hops={self.n_hops}, num_symbols={self.num_symbols}, num_targets={self.num_targets}"

@@ -1,0 +1,222 @@
+"""The exact chained (multi-hop) attention head, with the hop latents enumerated in Pyro.
+
+Generative story for one observation (``S`` symbols, ``T`` targets, ``N`` positions, ``L`` hops)::
+
+    q_1 = onehot(query)                                                   # (S,)
+    for l = 1..L:
+        z_l ~ Categorical(softmax_i(-||q_l - K[l][key_i]||^2 / 2 sigma2))  # position, masked i excluded
+        q_{l+1} = onehot(value_{z_l})
+    target ~ Categorical(emission[value_{z_L}])                          # (T,)
+
+    query ──> z_1 ──> z_2 ──> ... ──> z_L ──> target
+               │        │               │
+          (keys, values of the context, observed)
+
+Because queries are one-hot, ``||onehot(v) - K[k]||^2 = 1 - 2 K[k, v] + ||K[k]||^2``: the gate is a
+gather from ``K``, never an ``(n, N, N, S)`` tensor. Run with ``TraceEnum_ELBO(max_plate_nesting=1)``:
+with the empty guide its loss is the exact negative log-likelihood. ``Trace.format_shapes()`` of the
+enumerated model (L = 2, n = 4, N = 6; ``python scripts/model_shapes.py`` prints it)::
+
+     Sample Sites:
+    observations dist         |
+                value      4  |
+             z_1 dist      4  |
+                value   6  1  |
+             z_2 dist   6  4  |
+                value 6 1  1  |
+          target dist 6 1  4  |
+                value      4  |
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pyro
+import torch
+from pyro.infer import config_enumerate
+from pyro.nn import PyroParam, pyro_method
+
+from ..data import Observations
+from ..hop_chain import HopChain, masked_log_softmax
+from .base import HopAttentionHead, check_positive_int, check_sigma2, sample_hops
+
+__all__ = ["ChainedAttention", "onehot_gate_chain"]
+
+
+def onehot_gate_chain(
+    key_tables: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    sigma2: float,
+) -> HopChain:
+    """Log gate factors of the one-hot chained head.
+
+    :param key_tables: ``(L, S, S)``; row ``K[l][k]`` is the key vector of symbol ``k`` at hop ``l``.
+    :param keys: ``(n, N)``. :param values: ``(n, N)``. :param query: ``(n,)``.
+    :param mask: ``(n, N)`` bool or None.
+    :returns: :class:`HopChain` with ``init (n, N)`` and ``trans (L - 1, n, N, N)``.
+    """
+    squared_norms = key_tables.pow(2).sum(-1)  # (L, S)
+    scale = 1.0 / (2.0 * sigma2)
+    # -||onehot(v) - K[k]||^2 / 2 sigma2 without the constant 1, which softmax ignores.
+    init_logits = (2.0 * key_tables[0][keys, query.unsqueeze(-1)] - squared_norms[0][keys]) * scale
+    init = masked_log_softmax(init_logits, mask)
+    trans = []
+    target_mask = None if mask is None else mask.unsqueeze(-2)
+    for hop in range(1, key_tables.shape[0]):
+        # match[n, i, j] = K[hop][key_j, value_i]: the query at position i meets the key at position j.
+        match = key_tables[hop][keys.unsqueeze(-2), values.unsqueeze(-1)]
+        logits = (2.0 * match - squared_norms[hop][keys].unsqueeze(-2)) * scale
+        trans.append(masked_log_softmax(logits, target_mask))
+    if trans:
+        trans = torch.stack(trans)
+    else:
+        n, N = keys.shape
+        trans = init.new_zeros(0, n, N, N)
+    return HopChain(init, trans)
+
+
+class ChainedAttention(HopAttentionHead):
+    """L-hop chained responsibility attention with exact (enumerated) hop latents.
+
+    :param int n_hops: ``L``, the number of hops (1 = a single attention head).
+    :param int num_symbols: ``S``, symbols of keys, values and queries.
+    :param int num_targets: ``T``, target labels.
+    :param float sigma2: gate variance (attention temperature), positive.
+    :param key_tables: optional ``(L, S, S)`` initial key tables; default ``init``.
+    :param emission: optional ``(S, T)`` row-stochastic initial emission; default uniform.
+    :param str init: default key tables when none are given: ``"identity"`` (each symbol's key is its
+        own one-hot, plus ``init_noise``), ``"random"`` (uniform in ``[0, 1)`` rows normalised, the
+        scale of the EM reference's first M-step) or ``"zeros"``.
+    :param float init_noise: standard deviation of the noise added to ``"identity"`` tables.
+    :param seed: seed of the initial key tables (None: torch's global generator).
+
+    Parameters ``key_tables`` (unconstrained) and ``emission`` (a softmax of ``emission_logits``) are
+    Pyro parameters. Example::
+
+        >>> import pyro
+        >>> from pyro.infer import TraceEnum_ELBO
+        >>> from pyro_multihop import ChainedAttention, transitive_task
+        >>> obs = transitive_task(200, seed=0)
+        >>> head = ChainedAttention(2, 30, 30, sigma2=0.1)
+        >>> loss = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)
+        >>> bool(torch.isclose(loss, -head.log_likelihood(obs).sum()))
+        True
+    """
+
+    def __init__(
+        self,
+        n_hops: int,
+        num_symbols: int,
+        num_targets: int,
+        sigma2: float = 0.1,
+        *,
+        key_tables=None,
+        emission=None,
+        init: str = "identity",
+        init_noise: float = 0.1,
+        seed: Optional[int] = None,
+    ):
+        super().__init__()
+        self.n_hops = check_positive_int("n_hops", n_hops)
+        self.num_symbols = check_positive_int("num_symbols", num_symbols)
+        self.num_targets = check_positive_int("num_targets", num_targets)
+        self.sigma2 = check_sigma2(sigma2)
+        shape = (n_hops, num_symbols, num_symbols)
+        if key_tables is None:
+            key_tables = _initial_key_tables(shape, init, init_noise, seed)
+        else:
+            key_tables = torch.as_tensor(key_tables)
+            if not key_tables.dtype.is_floating_point:
+                raise TypeError(f"key_tables must be a floating-point tensor, got dtype {key_tables.dtype}")
+            if key_tables.shape != shape:
+                raise ValueError(
+                    f"key_tables must have shape (n_hops, num_symbols, num_symbols) = {shape}, "
+                    f"got {tuple(key_tables.shape)}"
+                )
+            if not torch.isfinite(key_tables).all():
+                raise ValueError("key_tables must be finite, got a NaN or inf entry")
+        dtype = key_tables.dtype
+        if emission is None:
+            emission_logits = torch.zeros(num_symbols, num_targets, dtype=dtype)
+        else:
+            emission_logits = _emission_to_logits(emission, (num_symbols, num_targets)).to(dtype)
+        self.key_tables = PyroParam(key_tables.detach().clone())
+        self.emission_logits = PyroParam(emission_logits)
+
+    @property
+    def emission(self) -> torch.Tensor:
+        """``(S, T)`` target distribution of each value symbol, rows on the simplex."""
+        return self.emission_logits.softmax(-1)
+
+    def config(self) -> dict:
+        return {
+            "n_hops": self.n_hops,
+            "num_symbols": self.num_symbols,
+            "num_targets": self.num_targets,
+            "sigma2": self.sigma2,
+        }
+
+    def hop_chain(self, obs: Observations) -> HopChain:
+        return onehot_gate_chain(self.key_tables, obs.keys, obs.values, obs.query, obs.mask, self.sigma2)
+
+    @pyro_method
+    @config_enumerate
+    def model(self, obs: Observations, subsample_size: Optional[int] = None) -> None:
+        """Enumerated model: plate ``observations`` (dim -1) over ``n``, hop sites ``z_1..z_L``, ``target``.
+
+        :param obs: the observations; symbols are checked against the model sizes first.
+        :param subsample_size: mini-batch size; the likelihood is scaled to the full data.
+        """
+        self.check_observations(obs)
+        key_tables, emission = self.key_tables, self.emission
+        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
+            chain = onehot_gate_chain(key_tables, batch.keys, batch.values, batch.query, batch.mask, self.sigma2)
+            sample_hops(chain, batch.values, emission, batch.target)
+
+    @pyro_method
+    def guide(self, obs: Observations, subsample_size: Optional[int] = None) -> None:
+        """The empty guide: every latent is enumerated, so the ELBO is the exact log-likelihood."""
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", sigma2={self.sigma2}"
+
+
+def _initial_key_tables(shape, init: str, init_noise: float, seed: Optional[int]) -> torch.Tensor:
+    generator = torch.Generator()
+    if seed is None:
+        generator.manual_seed(int(torch.randint(2**62, ()).item()))
+    else:
+        generator.manual_seed(int(seed))
+    dtype = torch.get_default_dtype()
+    if init == "identity":
+        eye = torch.eye(shape[-1], dtype=dtype).expand(shape)
+        return eye + init_noise * torch.randn(shape, generator=generator, dtype=dtype)
+    if init == "random":
+        tables = torch.rand(shape, generator=generator, dtype=dtype)
+        return tables / tables.sum(-1, keepdim=True)
+    if init == "zeros":
+        return torch.zeros(shape, dtype=dtype)
+    raise ValueError(f"init must be 'identity', 'random' or 'zeros', got {init!r}")
+
+
+def _emission_to_logits(emission, shape) -> torch.Tensor:
+    emission = torch.as_tensor(emission)
+    if not emission.dtype.is_floating_point:
+        raise TypeError(f"emission must be a floating-point tensor, got dtype {emission.dtype}")
+    if emission.shape != shape:
+        raise ValueError(f"emission must have shape (num_symbols, num_targets) = {shape}, got {tuple(emission.shape)}")
+    if not torch.isfinite(emission).all() or (emission < 0).any():
+        raise ValueError("emission must be non-negative and finite (rows on the simplex)")
+    row_sums = emission.sum(-1)
+    tolerance = 1e-6 if emission.dtype == torch.float64 else 1e-4
+    bad = (row_sums - 1).abs() > tolerance
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"emission rows must sum to 1 (row-stochastic); row {row} sums to {float(row_sums[row])}")
+    return emission.detach().log()
+

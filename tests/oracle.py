@@ -1,0 +1,85 @@
+"""Brute-force oracle for the tests: enumerate every hop path of every observation, in float64 Python loops.
+
+Independent of the library's gate code: it uses full squared distances between explicit query, key and
+value vectors, so one oracle serves the one-hot chained head (vectors = one-hot rows, key tables) and the
+tied-embedding head (vectors = embeddings).
+"""
+
+import itertools
+import math
+
+import torch
+
+
+def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None):
+    """Joint probabilities of every hop path.
+
+    :param query_vectors: ``(n, D)`` hop-1 query vector of each observation.
+    :param key_vectors: list over hops of ``(n, N, D)`` key vectors of each position.
+    :param value_vectors: ``(n, N, D)`` the query a position passes to the next hop.
+    :param emission: ``(S, T)``; :param values: ``(n, N)``; :param target: ``(n,)``.
+    :returns: list over observations of dicts ``path tuple -> (prior p(path), joint p(path, target))``.
+    """
+    n, N = values.shape
+    hops = len(key_vectors)
+    result = []
+    for row in range(n):
+        allowed = [i for i in range(N) if mask is None or bool(mask[row, i])]
+
+        def gate(query, hop):
+            scores = [
+                -float(((query - key_vectors[hop][row, i]) ** 2).sum()) / (2 * sigma2) for i in allowed
+            ]
+            top = max(scores)
+            weights = [math.exp(s - top) for s in scores]
+            total = sum(weights)
+            return {i: w / total for i, w in zip(allowed, weights)}
+
+        table = {}
+        for path in itertools.product(allowed, repeat=hops):
+            prior = 1.0
+            query = query_vectors[row]
+            for hop, position in enumerate(path):
+                prior *= gate(query, hop)[position]
+                query = value_vectors[row, position]
+            joint = prior * float(emission[values[row, path[-1]], target[row]])
+            table[path] = (prior, joint)
+        result.append(table)
+    return result
+
+
+def onehot_vectors(key_tables, obs):
+    """Query, per-hop key and value vectors of the one-hot chained head."""
+    key_tables = key_tables.detach().double()
+    eye = torch.eye(key_tables.shape[-1], dtype=torch.float64)
+    return eye[obs.query], [table[obs.keys] for table in key_tables], eye[obs.values]
+
+
+def summarise(tables, N, num_targets=None, emission=None, values=None):
+    """Log-likelihoods, hop marginals ``(L, n, N)``, pairwise ``(L-1, n, N, N)``, MAP paths, predictive."""
+    n = len(tables)
+    hops = len(next(iter(tables[0])))
+    log_likelihood = torch.zeros(n, dtype=torch.float64)
+    marginals = torch.zeros(hops, n, N, dtype=torch.float64)
+    pairwise = torch.zeros(max(hops - 1, 0), n, N, N, dtype=torch.float64)
+    map_paths = torch.zeros(n, hops, dtype=torch.long)
+    predictive = None if emission is None else torch.zeros(n, emission.shape[1], dtype=torch.float64)
+    for row, table in enumerate(tables):
+        total = sum(joint for _, joint in table.values())
+        log_likelihood[row] = math.log(total)
+        best = max(table.items(), key=lambda item: item[1][1])[0]
+        map_paths[row] = torch.tensor(best)
+        for path, (prior, joint) in table.items():
+            for hop, position in enumerate(path):
+                marginals[hop, row, position] += joint / total
+            for hop in range(hops - 1):
+                pairwise[hop, row, path[hop], path[hop + 1]] += joint / total
+            if predictive is not None:
+                predictive[row] += prior * emission[values[row, path[-1]]].double()
+    return {
+        "log_likelihood": log_likelihood,
+        "hop_marginals": marginals,
+        "pairwise_marginals": pairwise,
+        "map_paths": map_paths,
+        "predictive": predictive,
+    }
