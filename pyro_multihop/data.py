@@ -8,7 +8,8 @@ An observation is ``(context_keys, context_values, query, target)``: a context o
 - ``values`` LongTensor ``(n, N)``, value symbol of each context position,
 - ``query``  LongTensor ``(n,)``, the query symbol,
 - ``target`` LongTensor ``(n,)``, the emitted target,
-- ``mask``   optional BoolTensor ``(n, N)``, False marks padding (variable-length contexts).
+- ``mask``   optional BoolTensor ``(n, N)``, False marks padding (variable-length contexts); the
+  symbols at padding positions are ignored (any value, -1 say, is accepted) and stored as 0.
 
 Example::
 
@@ -78,10 +79,6 @@ class Observations:
         for name, tensor in (("query", query), ("target", target)):
             if tensor.shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},) to match keys, got {tuple(tensor.shape)}")
-        for name, tensor in zip(_SYMBOL_FIELDS, (keys, values, query, target)):
-            negative = tensor < 0
-            if negative.any():
-                raise ValueError(f"{name} must be non-negative symbols, got {_first_bad(tensor, negative)}")
         if mask is not None:
             mask = mask if isinstance(mask, torch.Tensor) else torch.as_tensor(mask)
             if mask.dtype != torch.bool:
@@ -93,6 +90,13 @@ class Observations:
                 row = int(empty_rows.nonzero()[0])
                 raise ValueError(f"mask must keep at least one position per row; row {row} is all padding")
             mask = mask.to(keys.device)
+            # Padding symbols are never read; store them as 0 so that any padding value (-1, say) is fine.
+            keys = keys.masked_fill(~mask, 0)
+            values = values.masked_fill(~mask, 0)
+        for name, tensor in zip(_SYMBOL_FIELDS, (keys, values, query, target)):
+            negative = tensor < 0
+            if negative.any():
+                raise ValueError(f"{name} must be non-negative symbols, got {_first_bad(tensor, negative)}")
         self.keys = keys
         self.values = values
         self.query = query
@@ -161,8 +165,7 @@ class Observations:
         """Smallest symbol-vocabulary size that holds every key, value and query (max symbol + 1)."""
         if len(self) == 0:
             return 0
-        mask = self.full_mask()
-        return 1 + int(max(self.keys[mask].max(), self.values[mask].max(), self.query.max()))
+        return 1 + int(max(self.keys.max(), self.values.max(), self.query.max()))
 
     @property
     def num_targets(self) -> int:
@@ -172,9 +175,7 @@ class Observations:
     def check_sizes(self, num_symbols: int, num_targets: Optional[int] = None) -> None:
         """Raise ``ValueError`` naming the field if a symbol is ``>= num_symbols`` or a target ``>= num_targets``.
 
-        Padding positions are not checked: their symbols are never read.
         """
-        mask = self.full_mask()
         for name, tensor, bound in (
             ("keys", self.keys, num_symbols),
             ("values", self.values, num_symbols),
@@ -184,8 +185,6 @@ class Observations:
             if bound is None:
                 continue
             too_large = tensor >= bound
-            if name in ("keys", "values"):
-                too_large = too_large & mask
             if too_large.any():
                 size = "num_targets" if name == "target" else "num_symbols"
                 raise ValueError(
@@ -230,7 +229,7 @@ class Observations:
                 raise TypeError(f"data columns {prefix}_* must be boolean")
             if dtype is int and not all(pd.api.types.is_integer_dtype(t) for t in block.dtypes):
                 raise TypeError(f"data columns {prefix}_* must hold integer symbols, got {list(block.dtypes.unique())}")
-            return torch.as_tensor(block.to_numpy(dtype=dtype))
+            return torch.tensor(block.to_numpy(dtype=dtype))
 
         for name in ("query", "target"):
             if not pd.api.types.is_integer_dtype(frame[name].dtype):
@@ -238,8 +237,8 @@ class Observations:
         return cls(
             keys=column_block("key", int),
             values=column_block("value", int),
-            query=torch.as_tensor(frame["query"].to_numpy(dtype=int)),
-            target=torch.as_tensor(frame["target"].to_numpy(dtype=int)),
+            query=torch.tensor(frame["query"].to_numpy(dtype=int)),
+            target=torch.tensor(frame["target"].to_numpy(dtype=int)),
             mask=column_block("mask", bool) if has_mask else None,
         )
 

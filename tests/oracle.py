@@ -83,3 +83,25 @@ def summarise(tables, N, num_targets=None, emission=None, values=None):
         "map_paths": map_paths,
         "predictive": predictive,
     }
+
+
+
+def log_likelihood_autograd(query_vectors, key_vectors, value_vectors, sigma2, emission, values, target):
+    """Differentiable brute force: ``(n,)`` log-likelihoods, every path summed with plain torch ops.
+
+    Arguments as :func:`enumerate_paths` (no mask); ``key_vectors`` and ``emission`` may require grad.
+    """
+    n, N = values.shape
+    results = []
+    for row in range(n):
+        total = 0.0
+        for path in itertools.product(range(N), repeat=len(key_vectors)):
+            prob = 1.0
+            query = query_vectors[row]
+            for hop, position in enumerate(path):
+                distances = ((query - key_vectors[hop][row]) ** 2).sum(-1)
+                prob = prob * torch.softmax(-distances / (2 * sigma2), dim=0)[position]
+                query = value_vectors[row, position]
+            total = total + prob * emission[values[row, path[-1]], target[row]]
+        results.append(torch.log(total))
+    return torch.stack(results)

@@ -1,0 +1,20 @@
+"""Shared test set-up: float64 oracles live in ``tests/oracle.py`` (importable as ``oracle``)."""
+
+import os
+import sys
+
+import matplotlib
+import pyro
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+matplotlib.use("Agg")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pyro_state():
+    """Every test starts with an empty param store and a fixed seed."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    yield
+    pyro.clear_param_store()
