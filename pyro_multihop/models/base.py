@@ -14,7 +14,7 @@ and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import pyro
 import pyro.distributions as dist
@@ -23,6 +23,7 @@ from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
 from ..data import Observations
+from ..distributions import TableCategorical
 from ..hop_chain import (
     HopChain,
     HopPosterior,
@@ -33,7 +34,7 @@ from ..hop_chain import (
     last_hop_prior,
 )
 
-__all__ = ["HopAttentionHead", "sample_hops", "check_positive_int", "check_sigma2"]
+__all__ = ["HopAttentionHead", "sample_hop_path", "sample_hops", "check_positive_int", "check_sigma2"]
 
 
 def check_positive_int(name: str, value) -> int:
@@ -50,6 +51,40 @@ def check_sigma2(sigma2) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"sigma2 must be a positive finite number, got {sigma2!r}")
     return value
+
+
+def sample_hop_path(
+    gate_logits: Callable[[int, torch.Tensor], torch.Tensor],
+    n_hops: int,
+    query: torch.Tensor,
+    values: torch.Tensor,
+    log_emission: torch.Tensor,
+    target: torch.Tensor,
+) -> None:
+    """Pyro sites of the hop path, to be called inside the observations plate (dim -1)::
+
+        q_1 = query                                                    # (n,)
+        z_l ~ Categorical(logits=gate_logits(l - 1, q_l))              # (n,), enumerated (N, 1, ...)
+        q_{l+1} = values[z_l]                                          # the attended value
+        target ~ Categorical(exp(log_emission[q_{L+1}]))               # observed, (n,)
+
+    Each hop's gate is computed from the value attended at the previous hop, exactly as the generative
+    story reads; under enumeration ``q_l`` carries the enumerated dims on its left. The observed target
+    depends on ``z_L`` and is therefore sampled inside the last ``pyro.markov`` iteration.
+
+    :param gate_logits: ``(hop, query (..., n)) -> (..., n, N)`` unnormalised logits, padding masked.
+    :param query: ``(n,)`` query symbols. :param values: ``(n, N)`` value symbols.
+    :param log_emission: ``(S, T)`` normalised log emission table. :param target: ``(n,)``.
+    """
+    for hop in pyro.markov(range(n_hops)):
+        logits = gate_logits(hop, query)
+        # The logits are computed here from validated inputs; skipping validation saves a pass over (N, n, N).
+        position = pyro.sample(
+            f"z_{hop + 1}", dist.Categorical(logits=logits, validate_args=False), infer={"enumerate": "parallel"}
+        )
+        query = Vindex(values)[..., position]
+        if hop == n_hops - 1:
+            pyro.sample("target", TableCategorical(log_emission, query), obs=target)
 
 
 def sample_hops(chain: HopChain, values: torch.Tensor, emission: torch.Tensor, target: torch.Tensor) -> None:
@@ -85,8 +120,25 @@ class HopAttentionHead(PyroModule):
     num_targets: int
 
     # -- to be supplied by a head --------------------------------------------------------------------
-    def hop_chain(self, obs: Observations) -> HopChain:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def gate_logits(self, hop: int, keys: torch.Tensor, query: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Unnormalised log attention at hop ``hop`` (0-based) with the plug-in parameters.
+
+        :param keys: ``(*batch, N)`` key symbols. :param query: ``(*batch)`` query symbols.
+        :param mask: ``(*batch, N)`` bool or None (padding gets zero attention).
+        Batch dims broadcast: keys ``(n, N)`` with an enumerated query ``(E, n)`` give ``(E, n, N)``.
+        :returns: ``(*batch, N)``.
+        """
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def hop_chain(self, obs: Observations) -> HopChain:
+        """Log factors of the hop chain of a batch, from :meth:`gate_logits`."""
+        init = self.gate_logits(0, obs.keys, obs.query, obs.mask).log_softmax(-1)
+        n, N = obs.keys.shape
+        # The value at position i is the next hop's query: batch the gate over (n, N_i) against keys (n, 1, N_j).
+        keys = obs.keys.unsqueeze(-2)
+        mask = None if obs.mask is None else obs.mask.unsqueeze(-2)
+        trans = [self.gate_logits(hop, keys, obs.values, mask).log_softmax(-1) for hop in range(1, self.n_hops)]
+        return HopChain(init, torch.stack(trans) if trans else init.new_zeros(0, n, N, N))
 
     def config(self) -> dict:  # pragma: no cover - abstract
         """JSON-serialisable constructor arguments that rebuild this head (parameters come from its state_dict)."""

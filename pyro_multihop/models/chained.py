@@ -38,45 +38,31 @@ from pyro.infer import config_enumerate
 from pyro.nn import PyroParam, pyro_method
 
 from ..data import Observations
-from ..hop_chain import HopChain, masked_log_softmax
-from .base import HopAttentionHead, check_positive_int, check_sigma2, sample_hops
+from ..hop_chain import MASKED_LOGIT
+from .base import HopAttentionHead, check_positive_int, check_sigma2, sample_hop_path
 
-__all__ = ["ChainedAttention", "onehot_gate_chain"]
+__all__ = ["ChainedAttention", "onehot_gate_logits"]
 
 
-def onehot_gate_chain(
-    key_tables: torch.Tensor,
+def onehot_gate_logits(
+    key_table: torch.Tensor,
     keys: torch.Tensor,
-    values: torch.Tensor,
     query: torch.Tensor,
     mask: Optional[torch.Tensor],
     sigma2: float,
-) -> HopChain:
-    """Log gate factors of the one-hot chained head.
+) -> torch.Tensor:
+    """Unnormalised log attention ``-||onehot(query) - K[key_i]||^2 / 2 sigma2`` (up to a constant).
 
-    :param key_tables: ``(L, S, S)``; row ``K[l][k]`` is the key vector of symbol ``k`` at hop ``l``.
-    :param keys: ``(n, N)``. :param values: ``(n, N)``. :param query: ``(n,)``.
-    :param mask: ``(n, N)`` bool or None.
-    :returns: :class:`HopChain` with ``init (n, N)`` and ``trans (L - 1, n, N, N)``.
+    :param key_table: ``(S, S)``; row ``K[k]`` is the key vector of symbol ``k``.
+    :param keys: ``(*batch, N)`` key symbols. :param query: ``(*batch)`` query symbols (batch dims
+        broadcast, e.g. keys ``(n, N)`` with an enumerated query ``(E, n)``).
+    :param mask: ``(*batch, N)`` bool or None; padding gets :data:`~pyro_multihop.hop_chain.MASKED_LOGIT`.
+    :returns: ``(*batch, N)``.
     """
-    squared_norms = key_tables.pow(2).sum(-1)  # (L, S)
-    scale = 1.0 / (2.0 * sigma2)
-    # -||onehot(v) - K[k]||^2 / 2 sigma2 without the constant 1, which softmax ignores.
-    init_logits = (2.0 * key_tables[0][keys, query.unsqueeze(-1)] - squared_norms[0][keys]) * scale
-    init = masked_log_softmax(init_logits, mask)
-    trans = []
-    target_mask = None if mask is None else mask.unsqueeze(-2)
-    for hop in range(1, key_tables.shape[0]):
-        # match[n, i, j] = K[hop][key_j, value_i]: the query at position i meets the key at position j.
-        match = key_tables[hop][keys.unsqueeze(-2), values.unsqueeze(-1)]
-        logits = (2.0 * match - squared_norms[hop][keys].unsqueeze(-2)) * scale
-        trans.append(masked_log_softmax(logits, target_mask))
-    if trans:
-        trans = torch.stack(trans)
-    else:
-        n, N = keys.shape
-        trans = init.new_zeros(0, n, N, N)
-    return HopChain(init, trans)
+    # ||onehot(v) - K[k]||^2 = 1 - 2 K[k, v] + ||K[k]||^2; the 1 drops out of the softmax.
+    squared_norms = key_table.pow(2).sum(-1)[keys]
+    logits = (2.0 * key_table[keys, query.unsqueeze(-1)] - squared_norms) / (2.0 * sigma2)
+    return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
 class ChainedAttention(HopAttentionHead):
@@ -160,8 +146,8 @@ class ChainedAttention(HopAttentionHead):
             "sigma2": self.sigma2,
         }
 
-    def hop_chain(self, obs: Observations) -> HopChain:
-        return onehot_gate_chain(self.key_tables, obs.keys, obs.values, obs.query, obs.mask, self.sigma2)
+    def gate_logits(self, hop, keys, query, mask):
+        return onehot_gate_logits(self.key_tables[hop], keys, query, mask, self.sigma2)
 
     @pyro_method
     @config_enumerate
@@ -172,11 +158,14 @@ class ChainedAttention(HopAttentionHead):
         :param subsample_size: mini-batch size; the likelihood is scaled to the full data.
         """
         self.check_observations(obs)
-        key_tables, emission = self.key_tables, self.emission
+        key_tables, log_emission = self.key_tables, self.emission_logits.log_softmax(-1)
         with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
-            chain = onehot_gate_chain(key_tables, batch.keys, batch.values, batch.query, batch.mask, self.sigma2)
-            sample_hops(chain, batch.values, emission, batch.target)
+
+            def gate_logits(hop, query):
+                return onehot_gate_logits(key_tables[hop], batch.keys, query, batch.mask, self.sigma2)
+
+            sample_hop_path(gate_logits, self.n_hops, batch.query, batch.values, log_emission, batch.target)
 
     @pyro_method
     def guide(self, obs: Observations, subsample_size: Optional[int] = None) -> None:

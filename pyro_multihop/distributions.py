@@ -1,0 +1,56 @@
+"""Distributions used by the models' Pyro sites."""
+
+from __future__ import annotations
+
+import torch
+from pyro.distributions import TorchDistribution, constraints
+
+__all__ = ["TableCategorical"]
+
+
+class TableCategorical(TorchDistribution):
+    """``Categorical(logits=log_table[index])`` without materialising the ``(..., T)`` rows.
+
+    The target of an attention head is emitted from the table row of the attended value symbol. Under
+    enumeration the attended symbol has shape ``(N, n)``, so a plain ``Categorical`` would build and
+    renormalise an ``(N, n, T)`` tensor; here ``log_prob`` is a single gather from the ``(S, T)`` table.
+
+    :param log_table: ``(S, T)`` normalised log-probabilities (each row logsumexps to 0).
+    :param index: LongTensor of row indices; its shape is the batch shape.
+    """
+
+    arg_constraints = {}
+    has_enumerate_support = True
+
+    def __init__(self, log_table: torch.Tensor, index: torch.Tensor, validate_args=None):
+        self.log_table = log_table
+        self.index = index
+        super().__init__(batch_shape=index.shape, event_shape=torch.Size(), validate_args=validate_args)
+
+    @constraints.dependent_property(is_discrete=True, event_dim=0)
+    def support(self):
+        return constraints.integer_interval(0, self.log_table.shape[-1] - 1)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(TableCategorical, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.log_table = self.log_table
+        new.index = self.index.expand(batch_shape)
+        super(TableCategorical, new).__init__(batch_shape, torch.Size(), validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        index, value = torch.broadcast_tensors(self.index, value.long())
+        return self.log_table[index, value]
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        probs = self.log_table[self.index].exp()
+        return torch.distributions.Categorical(probs=probs).sample(sample_shape)
+
+    def enumerate_support(self, expand: bool = True) -> torch.Tensor:
+        values = torch.arange(self.log_table.shape[-1], device=self.index.device)
+        values = values.reshape((-1,) + (1,) * len(self.batch_shape))
+        return values.expand((-1,) + self.batch_shape) if expand else values
