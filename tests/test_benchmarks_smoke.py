@@ -1,0 +1,21 @@
+"""The chained-loss benchmark runs end to end at smoke size and writes its table."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_chained_loss_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chained_loss.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    table = pd.read_csv(tmp_path / "chained_loss.csv")
+    assert list(table[["L", "N", "n"]].iloc[0]) == [2, 6, 50]
+    assert (table["pyro_ms"] > 0).all() and (table["fused_ms"] > 0).all()
+    assert "| L | N | n |" in (tmp_path / "chained_loss.md").read_text()
