@@ -1,6 +1,7 @@
 """pyro-multihop: chained (multi-hop) responsibility attention as a probabilistic model, in Pyro."""
 
 from .data import Observations, chain_task, induction_task, transitive_task
+from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .hop_chain import HopChain, HopPosterior
 from .models import ChainedAttention, HopAttentionHead
 
@@ -15,4 +16,8 @@ __all__ = [
     "HopPosterior",
     "HopAttentionHead",
     "ChainedAttention",
+    "ChainedEM",
+    "ConvergenceWarning",
+    "EMResult",
+    "SufficientStats",
 ]

@@ -1,0 +1,619 @@
+"""Closed-form EM for the one-hot chained attention head (the reference the Pyro fits are compared to).
+
+One EM iteration on observations ``(keys, values, query, target)`` with weights ``w``:
+
+- **E-step** (:meth:`ChainedEM.e_step`): exact forward-backward over the hop chain ``z_1 -> ... -> z_L`` of
+  each observation gives the hop marginals ``gamma_l[n, i] = p(z_l = i | obs_n)`` and the pairwise
+  marginals ``xi_l[n, i, j] = p(z_{l-1} = i, z_l = j | obs_n)``. They are reduced at once to additive
+  sufficient statistics (:class:`SufficientStats`)::
+
+      key_numerators[0, k, s]  = sum_n w_n sum_i gamma_1[n, i] [key_ni = k] [query_n = s]
+      key_numerators[l, k, s]  = sum_n w_n sum_ij xi_l[n, i, j] [key_nj = k] [value_ni = s]      (l >= 1)
+      key_masses[l, k]         = sum_s key_numerators[l, k, s]
+      emission_counts[v, t]    = sum_n w_n sum_i gamma_L[n, i] [value_ni = v] [target_n = t]
+
+  i.e. hop ``l``'s key ``k`` collects the incoming one-hot queries of the positions that carry it, weighted
+  by how much the posterior lands there: the observed query at hop 1, the expected one-hot of the value
+  attended at hop ``l - 1`` afterwards.
+- **M-step** (:meth:`ChainedEM.m_step`): ``K[l][k] = key_numerators[l, k] / max(key_masses[l, k], 1e-9)``
+  (responsibility-weighted means of the incoming queries) and ``emission = counts + smoothing`` with rows
+  normalised. The key update ignores the gate's softmax partition function, so it is not an exact
+  maximisation: the log-likelihood may fall in some iterations. :meth:`ChainedEM.fit` keeps the best model.
+
+The E-step never builds an ``(n, N, N, S)`` tensor, and by default not even an ``(n, N, N)`` one: the gate of
+hop ``l`` depends on a position pair only through the symbols ``(value_i, key_j)``, so the transition matrix
+of one observation factors through symbol space::
+
+    P_l = diag(1 / R_l) V E_l K^T,   E_l[v, k] = exp(G_l[v, k] - max_k' G_l[v, k']),
+    G_l[v, k] = (2 K_l[k, v] - ||K_l[k]||^2) / (2 sigma2),   R_l[i] = sum_j (V E_l K^T)[i, j],
+
+with ``V``, ``K`` the ``(N, S)`` one-hot matrices of the values and (unpadded) keys. Forward and backward
+messages then cost two ``(n, S) x (S, S)`` products per hop, and the key statistics of a hop one
+``(S, n) x (n, S)`` product (``method="factored"``). The factoring shares one shift per query symbol across
+all contexts, so an observation whose gate would underflow in that form (tiny ``sigma2`` with far-apart key
+tables) is recomputed in log space by :func:`pyro_multihop.hop_chain.chain_posterior` on the model's own
+:class:`~pyro_multihop.hop_chain.HopChain` (``method="dense"``, ``O(N^2)`` per hop and observation, which
+is also the cheaper route when ``S`` is much larger than ``N``). Work is chunked over observations so memory
+stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable, List, NamedTuple, Optional, Union
+
+import torch
+
+from ..data import Observations
+from ..hop_chain import chain_posterior, masked_log_softmax
+from ..models.base import check_positive_int, check_sigma2
+from ..models.chained import ChainedAttention
+
+__all__ = ["ChainedEM", "SufficientStats", "EMResult", "ConvergenceWarning"]
+
+logger = logging.getLogger(__name__)
+
+# Rows of key tables whose responsibility mass is below this are divided by it instead (they stay ~0).
+MASS_FLOOR = 1e-9
+# Elements of the largest per-chunk intermediate (about 32 MiB in float64); sets the automatic chunk size.
+_CHUNK_ELEMENTS = 2**22
+_METHODS = ("auto", "factored", "dense")
+
+
+class ConvergenceWarning(UserWarning):
+    """EM stopped at ``max_iters`` before the log-likelihood change fell below ``tol``."""
+
+
+@dataclass(frozen=True, eq=False)
+class SufficientStats:
+    """Additive EM statistics of a weighted batch of observations (``L`` hops, ``S`` symbols, ``T`` targets).
+
+    Statistics of disjoint batches add: ``e_step(model, a) + e_step(model, b)`` equals the statistics of the
+    concatenated data, and the built-in ``sum`` works on a list of them.
+
+    :ivar key_numerators: ``(L, S, S)``; ``[l, k, s]`` is the expected weighted number of times hop ``l + 1``
+        lands on a position with key ``k`` while its incoming query is symbol ``s``.
+    :ivar key_masses: ``(L, S)``; ``[l, k]``, the expected weighted number of landings on key ``k``
+        (the row sums of ``key_numerators``).
+    :ivar emission_counts: ``(S, T)``; ``[v, t]``, the expected weighted count of target ``t`` emitted from
+        a last-hop value ``v``.
+    :ivar loglik: total weighted log-likelihood ``sum_n w_n log p(target_n | context_n, query_n)`` under the
+        model of the E-step; NaN for :meth:`ChainedEM.random_stats`, which evaluates no model.
+    :ivar n: total weight (the number of observations when unweighted).
+    """
+
+    key_numerators: torch.Tensor
+    key_masses: torch.Tensor
+    emission_counts: torch.Tensor
+    loglik: float
+    n: float
+
+    @classmethod
+    def zeros(cls, n_hops: int, num_symbols: int, num_targets: int, dtype=None, device=None) -> "SufficientStats":
+        """Statistics of no data (the identity of ``+``)."""
+        options = {"dtype": dtype, "device": device}
+        return cls(
+            torch.zeros(n_hops, num_symbols, num_symbols, **options),
+            torch.zeros(n_hops, num_symbols, **options),
+            torch.zeros(num_symbols, num_targets, **options),
+            0.0,
+            0.0,
+        )
+
+    @property
+    def shape(self) -> tuple:
+        """``(L, S, T)``."""
+        return (self.key_numerators.shape[0], self.key_numerators.shape[1], self.emission_counts.shape[1])
+
+    def __add__(self, other) -> "SufficientStats":
+        if isinstance(other, int) and other == 0:  # the start value of the built-in sum()
+            return self
+        if not isinstance(other, SufficientStats):
+            return NotImplemented
+        if other.shape != self.shape:
+            raise ValueError(f"cannot add SufficientStats of shapes (L, S, T) = {self.shape} and {other.shape}")
+        return SufficientStats(
+            self.key_numerators + other.key_numerators,
+            self.key_masses + other.key_masses,
+            self.emission_counts + other.emission_counts,
+            self.loglik + other.loglik,
+            self.n + other.n,
+        )
+
+    __radd__ = __add__
+
+    def __repr__(self) -> str:
+        L, S, T = self.shape
+        return f"SufficientStats(L={L}, S={S}, T={T}, loglik={self.loglik:.6g}, n={self.n:.6g})"
+
+
+class EMResult(NamedTuple):
+    """What :meth:`ChainedEM.fit` returns.
+
+    :ivar model: the model with the highest log-likelihood seen (the key M-step may lower it).
+    :ivar loglik: ``list[float]``; ``loglik[k]`` is the total weighted log-likelihood of the model after
+        ``k`` M-steps (``loglik[0]``: the initial model).
+    :ivar best_iteration: index into ``loglik`` of ``model``.
+    :ivar converged: whether the last change per unit weight fell to ``tol`` before ``max_iters``.
+    :ivar n_iter: number of M-steps run (``len(loglik) - 1``).
+    :ivar final_model: the model of the last iteration (``loglik[-1]``).
+    """
+
+    model: ChainedAttention
+    loglik: List[float]
+    best_iteration: int
+    converged: bool
+    n_iter: int
+    final_model: ChainedAttention
+
+    @property
+    def best_loglik(self) -> float:
+        return self.loglik[self.best_iteration]
+
+
+class ChainedEM:
+    """Closed-form EM for :class:`~pyro_multihop.models.ChainedAttention` (see the module docstring).
+
+    Settings are stored as given; nothing is fitted until :meth:`fit`, which also sets ``result_`` and
+    ``model_``.
+
+    :param int n_hops: ``L``. :param int num_symbols: ``S``. :param int num_targets: ``T``.
+    :param float sigma2: gate variance of the models it builds (fixed; EM does not fit it).
+    :param float emission_smoothing: pseudo-count added to every emission count (>= 0). With 0, a value
+        symbol that is never attended at the last hop gets a uniform emission row.
+    :param chunk_size: observations per E-step chunk; None picks one that keeps every intermediate under
+        about ``2**22`` elements.
+    :param str method: E-step route, ``"factored"`` (symbol-space messages, ``O(S^2)`` per hop and
+        observation), ``"dense"`` (log-space forward-backward on ``(N, N)`` transitions, ``O(N^2)``), or
+        ``"auto"``: factored unless ``S > 4 N``. Both give the same statistics.
+
+    Example::
+
+        >>> from pyro_multihop import transitive_task
+        >>> from pyro_multihop.em import ChainedEM
+        >>> train = transitive_task(500, seed=0)
+        >>> em = ChainedEM(n_hops=2, num_symbols=30, num_targets=30)
+        >>> result = em.fit(train, max_iters=20, seed=0)
+        >>> len(result.loglik) <= 21 and result.loglik[result.best_iteration] == max(result.loglik)
+        True
+        >>> stats = em.e_step(result.model, train[:250]) + em.e_step(result.model, train[250:])
+        >>> model = em.m_step(stats)   # one more EM iteration, by hand
+    """
+
+    def __init__(
+        self,
+        n_hops: int,
+        num_symbols: int,
+        num_targets: int,
+        sigma2: float = 0.1,
+        emission_smoothing: float = 1e-4,
+        *,
+        chunk_size: Optional[int] = None,
+        method: str = "auto",
+    ):
+        self.n_hops = check_positive_int("n_hops", n_hops)
+        self.num_symbols = check_positive_int("num_symbols", num_symbols)
+        self.num_targets = check_positive_int("num_targets", num_targets)
+        self.sigma2 = check_sigma2(sigma2)
+        smoothing = float(emission_smoothing)
+        if not math.isfinite(smoothing) or smoothing < 0:
+            raise ValueError(f"emission_smoothing must be a finite number >= 0, got {emission_smoothing!r}")
+        self.emission_smoothing = smoothing
+        if chunk_size is not None:
+            check_positive_int("chunk_size", chunk_size)
+        self.chunk_size = chunk_size
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+        self.method = method
+
+    def __repr__(self) -> str:
+        return (
+            f"ChainedEM(n_hops={self.n_hops}, num_symbols={self.num_symbols}, num_targets={self.num_targets}, "
+            f"sigma2={self.sigma2}, emission_smoothing={self.emission_smoothing})"
+        )
+
+    # -- E-step ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def e_step(self, model: ChainedAttention, obs: Observations, weights=None) -> SufficientStats:
+        """Exact posterior expectations of the sufficient statistics under ``model``.
+
+        :param model: a :class:`ChainedAttention` with this estimator's ``n_hops``, sizes and ``sigma2``;
+            the statistics follow its dtype and device.
+        :param obs: observations (padding positions get no mass).
+        :param weights: optional ``(n,)`` non-negative weights; a row of weight 0 has no effect.
+        :raises ValueError: on mismatched sizes, symbols out of range, bad weights, or an observation whose
+            target has probability 0 under ``model``.
+        """
+        self._check_model(model)
+        model.check_observations(obs)
+        key_tables = model.key_tables.detach()
+        emission = model.emission.detach()
+        dtype, device = key_tables.dtype, key_tables.device
+        obs, weights = self._prepare(obs, weights, dtype, device)
+        stats = SufficientStats.zeros(self.n_hops, self.num_symbols, self.num_targets, dtype, device)
+        if len(obs) == 0:
+            return stats
+        accumulator = _Accumulator(stats)
+        log_emission = emission.log()
+        method = self._resolve_method(obs.context_len)
+        tables = _symbol_gate_tables(key_tables, self.sigma2) if method == "factored" else None
+        rows = self._rows_per_chunk(obs.context_len, method)
+        for start in range(0, len(obs), rows):
+            chunk, w = obs[start : start + rows], weights[start : start + rows]
+            chunk_log_emission = log_emission[chunk.values, chunk.target.unsqueeze(-1)]  # (c, N)
+            if method == "dense":
+                _dense_e_step(accumulator, model, chunk, chunk_log_emission, w)
+                continue
+            failed = _factored_e_step(accumulator, tables, chunk, chunk_log_emission, w)
+            if failed.any():
+                logger.debug("E-step: %d observations fall back to log space", int(failed.sum()))
+                index = failed.nonzero().squeeze(-1)
+                _dense_e_step(accumulator, model, chunk[index], chunk_log_emission[index], w[index])
+        return accumulator.result()
+
+    # -- M-step ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def m_step(self, stats: SufficientStats) -> ChainedAttention:
+        """The model whose key tables and emission are the closed-form updates of ``stats``.
+
+        ``K[l][k] = key_numerators[l, k] / max(key_masses[l, k], 1e-9)``;
+        ``emission[v] = (emission_counts[v] + smoothing) / sum_t (emission_counts[v, t] + smoothing)``.
+        The model has the dtype and device of ``stats``.
+        """
+        if not isinstance(stats, SufficientStats):
+            raise TypeError(f"stats must be SufficientStats, got {type(stats).__name__}")
+        expected = (self.n_hops, self.num_symbols, self.num_targets)
+        if stats.shape != expected:
+            raise ValueError(
+                f"stats must have shape (n_hops, num_symbols, num_targets) = {expected}, got {stats.shape}"
+            )
+        key_tables = stats.key_numerators / stats.key_masses.clamp_min(MASS_FLOOR).unsqueeze(-1)
+        counts = stats.emission_counts + self.emission_smoothing
+        totals = counts.sum(-1, keepdim=True)
+        tiny = torch.finfo(counts.dtype).tiny
+        emission = torch.where(totals > 0, counts / totals.clamp_min(tiny), 1.0 / self.num_targets)
+        return ChainedAttention(
+            self.n_hops,
+            self.num_symbols,
+            self.num_targets,
+            self.sigma2,
+            key_tables=key_tables,
+            emission=emission,
+        ).to(stats.key_numerators.device)
+
+    # -- initialisation ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def random_stats(self, obs: Observations, seed: Optional[int] = 0, weights=None, dtype=None) -> SufficientStats:
+        """Statistics of random responsibilities, the initialisation of :meth:`fit`.
+
+        Each observation gets hop marginals drawn from a flat Dirichlet over its real positions for every
+        hop and, for hops ``l >= 2``, pairwise responsibilities drawn from a flat Dirichlet over the real
+        position pairs; they are reduced like posterior marginals (hop 1 and the emission from the hop
+        marginals, later hops from the pairwise ones). ``loglik`` is NaN: no model is evaluated.
+
+        :param seed: seed of the draws (None: nondeterministic).
+        :param dtype: dtype of the statistics (default ``torch.get_default_dtype()``).
+        """
+        obs = self._check_data(obs)
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        device = obs.device
+        obs, weights = self._prepare(obs, weights, dtype, device)
+        generator = torch.Generator()
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        stats = SufficientStats.zeros(self.n_hops, self.num_symbols, self.num_targets, dtype, device)
+        accumulator = _Accumulator(stats)
+        N = obs.context_len
+        rows = self._rows_per_chunk(N, "dense")
+        for start in range(0, len(obs), rows):
+            chunk = obs[start : start + rows]
+            c = len(chunk)
+            mask = chunk.full_mask().to(dtype)
+            gamma = _flat_dirichlet((self.n_hops, c, N), generator, dtype).to(device) * mask
+            gamma = gamma / gamma.sum(-1, keepdim=True)
+            pair_mask = (mask.unsqueeze(-1) * mask.unsqueeze(-2)).flatten(-2)
+            xi = _flat_dirichlet((self.n_hops - 1, c, N * N), generator, dtype).to(device) * pair_mask
+            xi = (xi / xi.sum(-1, keepdim=True)).unflatten(-1, (N, N))
+            accumulator.add_marginals(chunk, weights[start : start + c], gamma, xi)
+            accumulator.n += float(weights[start : start + c].double().sum())
+        stats = accumulator.result()
+        return SufficientStats(stats.key_numerators, stats.key_masses, stats.emission_counts, math.nan, stats.n)
+
+    # -- fit -------------------------------------------------------------------------------------------
+    def fit(
+        self,
+        obs: Observations,
+        weights=None,
+        *,
+        max_iters: int = 100,
+        tol: float = 1e-5,
+        seed: Optional[int] = 0,
+        init: Union[None, ChainedAttention, SufficientStats] = None,
+        callback: Optional[Callable[[int, ChainedAttention, SufficientStats], None]] = None,
+        dtype=None,
+    ) -> EMResult:
+        """Run EM from ``init`` until the log-likelihood per unit weight changes by at most ``tol``.
+
+        Iteration ``k`` evaluates the current model (E-step, recording ``loglik[k]``), stops if
+        ``|loglik[k] - loglik[k-1]| <= tol * n``, and otherwise moves to the M-step's model. After
+        ``max_iters`` M-steps the last model is evaluated too, and a :class:`ConvergenceWarning` is issued.
+
+        :param obs: training observations (at least one, with positive total weight).
+        :param weights: optional ``(n,)`` non-negative observation weights.
+        :param int max_iters: most M-steps to run (>= 1).
+        :param float tol: convergence threshold on the change of the mean log-likelihood (>= 0).
+        :param seed: seed of :meth:`random_stats` when ``init`` is None.
+        :param init: None (random responsibilities, then an M-step), a starting :class:`ChainedAttention`,
+            or :class:`SufficientStats` to start from their M-step.
+        :param callback: called as ``callback(k, model, stats)`` after every E-step.
+        :param dtype: dtype of the models when ``init`` is None (default ``torch.get_default_dtype()``).
+        :returns: :class:`EMResult`; also stored as ``self.result_`` (and its best model as ``self.model_``).
+        """
+        obs = self._check_data(obs)
+        check_positive_int("max_iters", max_iters)
+        tol = float(tol)
+        if not math.isfinite(tol) or tol < 0:
+            raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+        if len(obs) == 0:
+            raise ValueError("obs must hold at least one observation to fit, got 0")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        if init is None:
+            model = self.m_step(self.random_stats(obs, seed=seed, weights=weights, dtype=dtype))
+        elif isinstance(init, SufficientStats):
+            model = self.m_step(init)
+        elif isinstance(init, ChainedAttention):
+            self._check_model(init, name="init")
+            model = init
+        else:
+            raise TypeError(f"init must be None, a ChainedAttention or SufficientStats, got {type(init).__name__}")
+
+        history: List[float] = []
+        best_model, best_iteration = model, 0
+        converged = False
+        for iteration in range(max_iters + 1):
+            stats = self.e_step(model, obs, weights)
+            if iteration == 0 and stats.n <= 0:
+                raise ValueError("weights must have a positive total to fit, got 0")
+            history.append(stats.loglik)
+            if callback is not None:
+                callback(iteration, model, stats)
+            if stats.loglik > history[best_iteration] or iteration == 0:
+                best_model, best_iteration = model, iteration
+            if iteration > 0 and abs(history[-1] - history[-2]) <= tol * stats.n:
+                converged = True
+                break
+            if iteration == max_iters:
+                break
+            model = self.m_step(stats)
+        if not converged:
+            warnings.warn(
+                f"ChainedEM did not converge in max_iters = {max_iters} iterations: the last change of the "
+                f"mean log-likelihood was {abs(history[-1] - history[-2]) / stats.n:.3g} > tol = {tol:g}",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        result = EMResult(best_model, history, best_iteration, converged, len(history) - 1, model)
+        self.result_ = result
+        self.model_ = best_model
+        return result
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _check_model(self, model, name: str = "model") -> None:
+        if not isinstance(model, ChainedAttention):
+            raise TypeError(f"{name} must be a ChainedAttention, got {type(model).__name__}")
+        for field in ("n_hops", "num_symbols", "num_targets", "sigma2"):
+            if getattr(model, field) != getattr(self, field):
+                raise ValueError(
+                    f"{name}.{field} = {getattr(model, field)} does not match this ChainedEM's "
+                    f"{field} = {getattr(self, field)}"
+                )
+
+    def _check_data(self, obs) -> Observations:
+        if not isinstance(obs, Observations):
+            raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
+        obs.check_sizes(self.num_symbols, self.num_targets)
+        return obs
+
+    def _prepare(self, obs: Observations, weights, dtype, device):
+        """Observations on ``device`` and their weights, rows of weight 0 dropped."""
+        obs = obs.to(device) if obs.device != torch.device(device) else obs
+        if weights is None:
+            return obs, torch.ones(len(obs), dtype=dtype, device=device)
+        weights = _check_weights(weights, len(obs)).to(dtype=dtype, device=device)
+        keep = weights > 0
+        if not keep.all():
+            obs, weights = obs[keep], weights[keep]
+        return obs, weights
+
+    def _resolve_method(self, N: int) -> str:
+        if self.method != "auto":
+            return self.method
+        return "factored" if self.num_symbols <= 4 * N else "dense"
+
+    def _rows_per_chunk(self, N: int, method: str) -> int:
+        if self.chunk_size is not None:
+            return self.chunk_size
+        if method == "dense":
+            per_row = N * N * max(self.n_hops - 1, 1)
+        else:
+            per_row = (self.n_hops + 1) * (N + self.num_symbols)
+        return max(1, _CHUNK_ELEMENTS // per_row)
+
+
+def _check_weights(weights, n: int) -> torch.Tensor:
+    weights = weights if isinstance(weights, torch.Tensor) else torch.as_tensor(weights)
+    if weights.dtype == torch.bool or weights.is_complex():
+        raise TypeError(f"weights must be real numbers, got dtype {weights.dtype}")
+    if weights.shape != (n,):
+        raise ValueError(f"weights must have shape ({n},), one per observation, got {tuple(weights.shape)}")
+    weights = weights.to(torch.float64)
+    if not torch.isfinite(weights).all():
+        raise ValueError("weights must be finite, got a NaN or inf entry")
+    if (weights < 0).any():
+        raise ValueError(f"weights must be non-negative, got {float(weights.min())}")
+    return weights
+
+
+def _flat_dirichlet(shape, generator: torch.Generator, dtype) -> torch.Tensor:
+    """Unnormalised Dirichlet(1, ..., 1) draws over the last dim: i.i.d. Exponential(1) variates."""
+    return torch.empty(shape, dtype=dtype).exponential_(generator=generator)
+
+
+class _Accumulator:
+    """Mutable sums behind one :class:`SufficientStats` (in place, on flattened (key, symbol) indices)."""
+
+    def __init__(self, stats: SufficientStats):
+        self.key_numerators = stats.key_numerators.clone()
+        self.key_masses = stats.key_masses.clone()
+        self.emission_counts = stats.emission_counts.clone()
+        self.loglik = torch.zeros((), dtype=torch.float64, device=stats.key_numerators.device)
+        self.n = stats.n
+        self.S = stats.key_numerators.shape[-1]
+        self.T = stats.emission_counts.shape[-1]
+
+    def result(self) -> SufficientStats:
+        return SufficientStats(self.key_numerators, self.key_masses, self.emission_counts, float(self.loglik), self.n)
+
+    def add_likelihood(self, log_likelihood: torch.Tensor, weights: torch.Tensor) -> None:
+        """Add the weighted log-likelihoods ``(c,)`` of evaluated rows and their weight."""
+        bad = ~torch.isfinite(log_likelihood)
+        if bad.any():
+            raise ValueError(
+                "obs holds an observation with zero likelihood under the model (its target has probability 0 "
+                "on every hop path); give it weight 0 or smooth the emission"
+            )
+        self.loglik += (weights.double() * log_likelihood.double()).sum()
+        self.n += float(weights.double().sum())
+
+    def add_first_hop(self, chunk: Observations, weighted_gamma: torch.Tensor) -> None:
+        """Hop 1: the incoming query is the observed one. ``weighted_gamma``: ``(c, N)``."""
+        pairs = chunk.keys * self.S + chunk.query.unsqueeze(-1)
+        self.key_numerators[0].view(-1).index_add_(0, pairs.flatten(), weighted_gamma.flatten())
+        self.key_masses[0].index_add_(0, chunk.keys.flatten(), weighted_gamma.flatten())
+
+    def add_later_hop(self, hop: int, chunk: Observations, incoming: torch.Tensor) -> None:
+        """Hop ``hop >= 1`` (0-based) from ``incoming[n, s, j]``, the weighted probability that the hop lands
+        on position ``j`` coming from a position of value ``s``: ``(c, S, N)``."""
+        c, S, N = incoming.shape
+        symbols = torch.arange(S, device=incoming.device).view(1, S, 1)
+        pairs = chunk.keys.unsqueeze(1) * S + symbols  # (c, S, N)
+        self.key_numerators[hop].view(-1).index_add_(0, pairs.flatten(), incoming.flatten())
+        self.key_masses[hop].index_add_(0, chunk.keys.flatten(), incoming.sum(1).flatten())
+
+    def add_emission(self, chunk: Observations, weighted_gamma: torch.Tensor) -> None:
+        """Last hop: ``weighted_gamma`` ``(c, N)`` of emitting the target from each position's value."""
+        pairs = chunk.values * self.T + chunk.target.unsqueeze(-1)
+        self.emission_counts.view(-1).index_add_(0, pairs.flatten(), weighted_gamma.flatten())
+
+    def add_marginals(self, chunk: Observations, weights, gamma: torch.Tensor, xi: torch.Tensor) -> None:
+        """Accumulate from explicit hop marginals ``(L, c, N)`` and pairwise marginals ``(L-1, c, N, N)``."""
+        w = weights.unsqueeze(-1)
+        self.add_first_hop(chunk, w * gamma[0])
+        if len(xi):
+            value_onehot_t = torch.nn.functional.one_hot(chunk.values, self.S).to(gamma.dtype).transpose(1, 2)
+            for hop in range(1, gamma.shape[0]):
+                incoming = torch.bmm(value_onehot_t, xi[hop - 1] * w.unsqueeze(-1))  # (c, S, N)
+                self.add_later_hop(hop, chunk, incoming)
+        self.add_emission(chunk, w * gamma[-1])
+
+
+def _dense_e_step(acc: _Accumulator, model: ChainedAttention, chunk, log_emission, weights) -> None:
+    """Log-space forward-backward on the model's ``(N, N)`` hop chain (robust to any gate scale)."""
+    if len(chunk) == 0:
+        return
+    posterior = chain_posterior(model.hop_chain(chunk), log_emission)
+    acc.add_likelihood(posterior.log_likelihood, weights)
+    acc.add_marginals(chunk, weights, posterior.hop_marginals, posterior.pairwise_marginals)
+
+
+def _symbol_gate_tables(key_tables: torch.Tensor, sigma2: float):
+    """Gate of every hop by symbol: ``(G_1 (S, S) logits, E (L - 1, S, S))``.
+
+    ``G_l[v, k] = (2 K_l[k, v] - ||K_l[k]||^2) / (2 sigma2)`` is ``-||onehot(v) - K_l[k]||^2 / (2 sigma2)`` up
+    to the constant ``1 / (2 sigma2)``, which every softmax over positions ignores. Hop 1 keeps logits (its
+    softmax is taken per observation); later hops get ``E_l = exp(G_l - max_k G_l[:, k])``, row max 1.
+    """
+    logits = (2.0 * key_tables.transpose(-1, -2) - key_tables.pow(2).sum(-1).unsqueeze(-2)) / (2.0 * sigma2)
+    return logits[0], (logits[1:] - logits[1:].amax(-1, keepdim=True)).exp()
+
+
+def _factored_e_step(acc: _Accumulator, tables, chunk: Observations, log_emission, weights) -> torch.Tensor:
+    """Forward-backward with the transitions factored through symbol space (module docstring).
+
+    Messages of hop ``l`` (0-based) for a chunk of ``c`` rows: ``alpha[l] (c, N)`` prior probability of
+    landing at each position, ``beta[l] (c, N)`` likelihood of the target from there (rescaled),
+    ``leaving[l] (c, S)``: ``sum_{i: value_i = v} alpha[l - 1][i] / R_l[v]`` and ``arriving[l] (c, S)``:
+    ``sum_{j: key_j = k} beta[l][j]``, so that ``xi_l[i, j] = alpha[l-1][i] P_l[i, j] beta[l][j] / Z_l``
+    summed over the positions of value ``s`` and key ``k`` is ``leaving[l][s] E_l[s, k] arriving[l][k] / Z_l``.
+
+    Accumulates the rows it can compute to full precision and returns the ``(c,)`` bool mask of those it
+    could not (an underflowing gate normaliser, message or likelihood), for the log-space route.
+    """
+    first_logits, gates = tables
+    dtype = gates.dtype
+    floor = torch.finfo(dtype).tiny / torch.finfo(dtype).eps  # smaller sums may hold imprecise subnormals
+    L, S = gates.shape[0] + 1, first_logits.shape[-1]
+    c, N = chunk.keys.shape
+    mask = chunk.full_mask()
+    real = mask.to(dtype)
+
+    def by_symbol(index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out[n, s] = sum_i x[n, i] [index[n, i] = s]``, ``(c, S)``."""
+        return x.new_zeros(c, S).scatter_add_(1, index, x)
+
+    ok = torch.ones(c, dtype=torch.bool, device=mask.device)
+    # Forward (prior) messages; hop 1 is one softmax per row over its positions.
+    alphas = [masked_log_softmax(first_logits[chunk.query.unsqueeze(-1), chunk.keys], mask).exp()]
+    key_counts = by_symbol(chunk.keys, real)  # real positions carrying each key
+    present = by_symbol(chunk.values, real) > 0  # value symbols that occur at real positions
+    normalisers, leaving = [None], [None]
+    for hop in range(1, L):
+        gate = gates[hop - 1]
+        normaliser = key_counts @ gate.transpose(0, 1)  # R[n, v] = sum_j E[v, key_j]
+        ok &= ((normaliser >= floor) | ~present).all(-1)
+        normaliser = torch.where(present, normaliser, torch.ones_like(normaliser))
+        leaving.append(by_symbol(chunk.values, alphas[-1]) / normaliser)
+        alphas.append((leaving[-1] @ gate).gather(1, chunk.keys) * real)  # sum_v leaving[v] E[v, key_j]
+        normalisers.append(normaliser)
+
+    # Backward messages, each rescaled to row max 1; the last one shifted by the largest log emission.
+    shift = log_emission.masked_fill(~mask, -math.inf).amax(-1)
+    ok &= torch.isfinite(shift)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    betas = [(log_emission - shift.unsqueeze(-1)).exp() * real]
+    arriving = [None] * L
+    for hop in range(L - 1, 0, -1):
+        arriving[hop] = by_symbol(chunk.keys, betas[0])
+        beta = (arriving[hop] @ gates[hop - 1].transpose(0, 1) / normalisers[hop]).gather(1, chunk.values) * real
+        scale = beta.amax(-1, keepdim=True)
+        ok &= (scale.squeeze(-1) >= floor) & torch.isfinite(scale.squeeze(-1))
+        betas.insert(0, beta / scale.clamp_min(floor))
+
+    joints = [alpha * beta for alpha, beta in zip(alphas, betas)]
+    totals = [joint.sum(-1) for joint in joints]  # Z_l: the likelihood up to beta[l]'s scale
+    for total in totals:
+        ok &= (total >= floor) & torch.isfinite(total)
+    if not ok.all():
+        keep = ok.nonzero().squeeze(-1)
+        chunk, weights, shift = chunk[keep], weights[keep], shift[keep]
+        joints, totals = [x[keep] for x in joints], [x[keep] for x in totals]
+        leaving = [None if x is None else x[keep] for x in leaving]
+        arriving = [None if x is None else x[keep] for x in arriving]
+    if len(chunk) == 0:
+        return ~ok
+    acc.add_likelihood(totals[-1].log() + shift, weights)
+    scales = [(weights / total).unsqueeze(-1) for total in totals]  # w_n / Z_l
+    acc.add_first_hop(chunk, joints[0] * scales[0])
+    for hop in range(1, L):
+        # sum_n (w_n / Z_n) arriving[n, k] leaving[n, s], times E[s, k]: one (S, c) x (c, S) product.
+        pairs = (arriving[hop] * scales[hop]).transpose(0, 1) @ leaving[hop]
+        acc.key_numerators[hop] += pairs * gates[hop - 1].transpose(0, 1)
+        acc.key_masses[hop].index_add_(0, chunk.keys.flatten(), (joints[hop] * scales[hop]).flatten())
+    acc.add_emission(chunk, joints[-1] * scales[-1])
+    return ~ok
