@@ -3,7 +3,8 @@
 from .data import Observations, chain_task, induction_task, transitive_task
 from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .hop_chain import HopChain, HopPosterior
-from .models import ChainedAttention, HopAttentionHead
+from .em import TiedEmbeddingVEM
+from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
 
 __version__ = "0.1.0"
 
@@ -16,6 +17,8 @@ __all__ = [
     "HopPosterior",
     "HopAttentionHead",
     "ChainedAttention",
+    "TiedEmbeddingAttention",
+    "TiedEmbeddingVEM",
     "ChainedEM",
     "ConvergenceWarning",
     "EMResult",

@@ -2,16 +2,17 @@
 
 - :mod:`pyro_multihop.em.chained`: closed-form EM for the one-hot :class:`~pyro_multihop.models.ChainedAttention`
   (exact forward-backward E-step, additive sufficient statistics, closed-form M-step).
+- :mod:`pyro_multihop.em.variational`: the variational-EM reference for the tied-embedding head
+  (Monte-Carlo reparameterised ELBO gradient with Adam, closed-form emission, prior annealing).
 """
 
 from .chained import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
-
-# Variational EM for the tied-embedding head lives in ``pyro_multihop.em.variational`` (added separately);
-# import and list its public names here, next to the chained ones.
+from .variational import TiedEmbeddingVEM
 
 __all__ = [
     "ChainedEM",
     "ConvergenceWarning",
     "EMResult",
     "SufficientStats",
+    "TiedEmbeddingVEM",
 ]

@@ -3,12 +3,13 @@ and the enumerated Pyro sites for the hop latents and the target.
 
 A head subclasses :class:`HopAttentionHead` and supplies
 
-- ``hop_chain(obs) -> HopChain``, the log gate factors of a batch (plug-in parameters), and
+- ``gate_logits(hop, keys, query, mask)``, the unnormalised log attention with plug-in parameters
+  (from which ``hop_chain(obs) -> HopChain`` builds the log gate factors of a batch), and
 - ``emission``, the ``(S, T)`` target table,
 
 and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``, ``posterior``,
 ``evaluate`` and ``sample`` from here. Its Pyro ``model`` draws the hop latents with
-:func:`sample_hops`.
+:func:`sample_hop_path`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..hop_chain import (
     last_hop_prior,
 )
 
-__all__ = ["HopAttentionHead", "sample_hop_path", "sample_hops", "check_positive_int", "check_sigma2"]
+__all__ = ["HopAttentionHead", "sample_hop_path", "emission_to_logits", "check_positive_int", "check_sigma2"]
 
 
 def check_positive_int(name: str, value) -> int:
@@ -87,29 +88,22 @@ def sample_hop_path(
             pyro.sample("target", TableCategorical(log_emission, query), obs=target)
 
 
-def sample_hops(chain: HopChain, values: torch.Tensor, emission: torch.Tensor, target: torch.Tensor) -> None:
-    """Pyro sites of the hop chain, to be called inside the observations plate (dim -1)::
-
-        z_1 ~ Categorical(exp(chain.init))                       # (n,) -> enumerated (N, 1)
-        z_l ~ Categorical(exp(chain.trans[l - 2][z_{l-1}]))      # l = 2..L, enumerated (N, 1, 1, ...)
-        target ~ Categorical(emission[values[z_L]])             # observed, (n,)
-
-    The hop sites carry ``infer={"enumerate": "parallel"}``; the observed target depends on ``z_L`` and
-    is therefore sampled inside the last ``pyro.markov`` iteration.
-
-    :param chain: log factors, ``init (n, N)``, ``trans (L - 1, n, N, N)``.
-    :param values: ``(n, N)`` value symbol at each position.
-    :param emission: ``(S, T)`` rows on the simplex.
-    :param target: ``(n,)`` observed targets.
-    """
-    log_emission = emission.log()
-    position = None
-    for hop in pyro.markov(range(chain.n_hops)):
-        logits = chain.init if hop == 0 else Vindex(chain.trans[hop - 1])[..., position, :]
-        position = pyro.sample(f"z_{hop + 1}", dist.Categorical(logits=logits), infer={"enumerate": "parallel"})
-        if hop == chain.n_hops - 1:
-            value = Vindex(values)[..., position]
-            pyro.sample("target", dist.Categorical(logits=log_emission[value]), obs=target)
+def emission_to_logits(emission, shape) -> torch.Tensor:
+    """Validated logits (``log emission``) of a user-given ``(S, T)`` row-stochastic emission table."""
+    emission = torch.as_tensor(emission)
+    if not emission.dtype.is_floating_point:
+        raise TypeError(f"emission must be a floating-point tensor, got dtype {emission.dtype}")
+    if emission.shape != shape:
+        raise ValueError(f"emission must have shape (num_symbols, num_targets) = {shape}, got {tuple(emission.shape)}")
+    if not torch.isfinite(emission).all() or (emission < 0).any():
+        raise ValueError("emission must be non-negative and finite (rows on the simplex)")
+    row_sums = emission.sum(-1)
+    tolerance = 1e-6 if emission.dtype == torch.float64 else 1e-4
+    bad = (row_sums - 1).abs() > tolerance
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"emission rows must sum to 1 (row-stochastic); row {row} sums to {float(row_sums[row])}")
+    return emission.detach().log()
 
 
 class HopAttentionHead(PyroModule):
@@ -221,6 +215,11 @@ class HopAttentionHead(PyroModule):
         positions); the hop path is drawn through the gate, and the target from the emission row of the
         last attended value.
         """
+        generator, context = self._random_context(n, context_len, seed)
+        return self._sample_targets(context, self.hop_chain(context), generator)
+
+    def _random_context(self, n: int, context_len: int, seed: Optional[int]):
+        """A seeded generator and ``n`` uniform random contexts and queries (targets still 0)."""
         check_positive_int("n", n)
         check_positive_int("context_len", context_len)
         generator = torch.Generator()
@@ -231,11 +230,14 @@ class HopAttentionHead(PyroModule):
         keys = torch.randint(self.num_symbols, (n, context_len), generator=generator)
         values = torch.randint(self.num_symbols, (n, context_len), generator=generator)
         query = torch.randint(self.num_symbols, (n,), generator=generator)
-        context = Observations(keys, values, query, torch.zeros(n, dtype=torch.long))
-        paths = chain_sample_paths(self.hop_chain(context), generator)
-        last_values = values.gather(1, paths[:, -1:]).squeeze(1)
+        return generator, Observations(keys, values, query, torch.zeros(n, dtype=torch.long))
+
+    def _sample_targets(self, context: Observations, chain: HopChain, generator: torch.Generator) -> Observations:
+        """Draw hop paths through ``chain`` and targets from the emission row of the last attended value."""
+        paths = chain_sample_paths(chain, generator)
+        last_values = context.values.gather(1, paths[:, -1:]).squeeze(1)
         target = torch.multinomial(self.emission[last_values].float(), 1, generator=generator).squeeze(1)
-        return Observations(keys, values, query, target)
+        return Observations(context.keys, context.values, context.query, target)
 
     def extra_repr(self) -> str:
         return f"n_hops={self.n_hops}, num_symbols={self.num_symbols}, num_targets={self.num_targets}"

@@ -39,7 +39,7 @@ from pyro.nn import PyroParam, pyro_method
 
 from ..data import Observations
 from ..hop_chain import MASKED_LOGIT
-from .base import HopAttentionHead, check_positive_int, check_sigma2, sample_hop_path
+from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
 __all__ = ["ChainedAttention", "onehot_gate_logits"]
 
@@ -129,7 +129,7 @@ class ChainedAttention(HopAttentionHead):
         if emission is None:
             emission_logits = torch.zeros(num_symbols, num_targets, dtype=dtype)
         else:
-            emission_logits = _emission_to_logits(emission, (num_symbols, num_targets)).to(dtype)
+            emission_logits = emission_to_logits(emission, (num_symbols, num_targets)).to(dtype)
         self.key_tables = PyroParam(key_tables.detach().clone())
         self.emission_logits = PyroParam(emission_logits)
 
@@ -191,21 +191,3 @@ def _initial_key_tables(shape, init: str, init_noise: float, seed: Optional[int]
     if init == "zeros":
         return torch.zeros(shape, dtype=dtype)
     raise ValueError(f"init must be 'identity', 'random' or 'zeros', got {init!r}")
-
-
-def _emission_to_logits(emission, shape) -> torch.Tensor:
-    emission = torch.as_tensor(emission)
-    if not emission.dtype.is_floating_point:
-        raise TypeError(f"emission must be a floating-point tensor, got dtype {emission.dtype}")
-    if emission.shape != shape:
-        raise ValueError(f"emission must have shape (num_symbols, num_targets) = {shape}, got {tuple(emission.shape)}")
-    if not torch.isfinite(emission).all() or (emission < 0).any():
-        raise ValueError("emission must be non-negative and finite (rows on the simplex)")
-    row_sums = emission.sum(-1)
-    tolerance = 1e-6 if emission.dtype == torch.float64 else 1e-4
-    bad = (row_sums - 1).abs() > tolerance
-    if bad.any():
-        row = int(bad.nonzero()[0])
-        raise ValueError(f"emission rows must sum to 1 (row-stochastic); row {row} sums to {float(row_sums[row])}")
-    return emission.detach().log()
-

@@ -1,0 +1,298 @@
+"""Variational EM for the tied-embedding head: the reference algorithm, without Pyro.
+
+Each iteration ``t`` (``w_t`` the annealed KL weight, ``q(e) = prod Normal(m, exp(log_var / 2))``)::
+
+    E-step   draw eps^(1..mc) ~ Normal(0, I), e^(k) = m + exp(log_var / 2) * eps^(k)        (S, D) each
+             ELBO_t = mean_k sum_obs log p(target | e^(k)) - w_t * KL(q || Normal(0, I))   (hops summed exactly)
+             gamma[obs, i] = mean_k p(z_L = i | obs, e^(k))                               last-hop responsibilities
+    M-step   (m, log_var) <- Adam step along grad ELBO_t (reparameterised, analytic KL)
+             emission[v, t] <- (sum_{obs, i: value_i = v, target = t} gamma[obs, i] + alpha)
+                               / (sum_{obs, i: value_i = v} gamma[obs, i] + T alpha)
+
+with the weight ``w_t = prior_strength * min(1, (t + 1) / anneal_iters)``
+(:class:`~pyro_multihop.guides.LinearAnnealing`). The initial emission comes from the smoothed counts of
+random (uniform on the simplex) last-hop responsibilities. The KL weight multiplies the KL of the whole
+data set's ELBO (the sum over observations), as in the Pyro model: ``TiedEmbeddingAttention`` with the
+same schedule maximises the same objective by SVI, one draw a step.
+
+Example::
+
+    >>> from pyro_multihop.data import transitive_task
+    >>> from pyro_multihop.em.variational import TiedEmbeddingVEM
+    >>> obs = transitive_task(200, num_symbols=18, pairs=3, seed=0)
+    >>> vem = TiedEmbeddingVEM(18, 8, 18, max_iters=20).fit(obs)   # doctest: +SKIP
+    >>> vem.predict_proba(obs).shape                                # doctest: +SKIP
+    torch.Size([200, 18])
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from typing import Optional
+
+import torch
+
+from ..data import Observations
+from ..guides.annealing import LinearAnnealing
+from ..hop_chain import chain_log_likelihood, chain_posterior, last_hop_prior
+from ..models.base import check_positive_int, check_sigma2
+from ..models.tied import TiedEmbeddingAttention, embedding_gate_chain
+from .chained import ConvergenceWarning
+
+__all__ = ["TiedEmbeddingVEM"]
+
+logger = logging.getLogger(__name__)
+
+
+def _check_number(name: str, value, lower: float, strict: bool) -> float:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a finite number, got {value!r}") from None
+    if not math.isfinite(number) or number < lower or (strict and number == lower):
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lower}, got {value!r}")
+    return number
+
+
+class TiedEmbeddingVEM:
+    """Variational EM (Monte-Carlo reparameterised ELBO gradient + Adam for the embeddings, closed-form
+    smoothed counts for the emission) for the L-hop tied-embedding model. See the module docstring.
+
+    :param int num_symbols: ``S``. :param int embed_dim: ``D``. :param int num_targets: ``T``.
+    :param int n_hops: ``L``.
+    :param float sigma2: gate variance (0.3).
+    :param float lr: Adam learning rate of the means and log variances (0.05).
+    :param int mc: Monte-Carlo draws of the embeddings per iteration (5).
+    :param float prior_strength: final KL weight (0.1). :param int anneal_iters: length of its ramp (100).
+    :param float emission_smoothing: pseudo-count ``alpha`` of the emission M-step (1e-4).
+    :param float init_loc_scale: standard deviation of the random initial means (0.1).
+    :param float init_log_var: initial log variance of every entry (``2 log 0.1``, posterior sd 0.1).
+    :param int max_iters: iterations of :meth:`fit` (300).
+    :param float tol: convergence threshold on the change, per observation, of the mean annealed ELBO over
+        the last ``window`` iterations against the ``window`` before; checked once the ramp is over.
+    :param int window: that averaging window (10): the ELBO is a Monte-Carlo estimate.
+    :param int seed: seed of the initial means, the initial responsibilities and the draws (0).
+
+    Fitted attributes: ``means_``, ``log_vars_`` (``(S, D)``), ``scales_`` (``exp(log_vars_ / 2)``),
+    ``emission_`` (``(S, T)``), ``n_iter_``, ``converged_``, ``lower_bounds_`` (annealed ELBO estimate
+    of each iteration, before its update), ``kl_weights_``.
+    """
+
+    def __init__(
+        self,
+        num_symbols: int,
+        embed_dim: int,
+        num_targets: int,
+        n_hops: int = 2,
+        *,
+        sigma2: float = 0.3,
+        lr: float = 0.05,
+        mc: int = 5,
+        prior_strength: float = 0.1,
+        anneal_iters: int = 100,
+        emission_smoothing: float = 1e-4,
+        init_loc_scale: float = 0.1,
+        init_log_var: float = 2 * math.log(0.1),
+        max_iters: int = 300,
+        tol: float = 1e-3,
+        window: int = 10,
+        seed: int = 0,
+    ):
+        self.num_symbols = num_symbols
+        self.embed_dim = embed_dim
+        self.num_targets = num_targets
+        self.n_hops = n_hops
+        self.sigma2 = sigma2
+        self.lr = lr
+        self.mc = mc
+        self.prior_strength = prior_strength
+        self.anneal_iters = anneal_iters
+        self.emission_smoothing = emission_smoothing
+        self.init_loc_scale = init_loc_scale
+        self.init_log_var = init_log_var
+        self.max_iters = max_iters
+        self.tol = tol
+        self.window = window
+        self.seed = seed
+
+    # -- validation -----------------------------------------------------------------------------------
+    def _check_settings(self) -> LinearAnnealing:
+        for name in ("num_symbols", "embed_dim", "num_targets", "n_hops", "mc", "max_iters", "window"):
+            check_positive_int(name, getattr(self, name))
+        check_sigma2(self.sigma2)
+        if isinstance(self.anneal_iters, bool) or not isinstance(self.anneal_iters, int) or self.anneal_iters < 0:
+            raise ValueError(f"anneal_iters must be a non-negative integer, got {self.anneal_iters!r}")
+        _check_number("lr", self.lr, 0.0, strict=True)
+        _check_number("emission_smoothing", self.emission_smoothing, 0.0, strict=True)
+        _check_number("init_loc_scale", self.init_loc_scale, 0.0, strict=False)
+        _check_number("init_log_var", self.init_log_var, -math.inf, strict=True)
+        _check_number("tol", self.tol, 0.0, strict=False)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        return LinearAnnealing(self.prior_strength, self.anneal_iters)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "means_"):
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(obs) first")
+
+    def _check_observations(self, obs: Observations) -> Observations:
+        if not isinstance(obs, Observations):
+            raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
+        if len(obs) == 0:
+            raise ValueError("obs must hold at least one observation, got 0")
+        obs.check_sizes(self.num_symbols, self.num_targets)
+        return obs
+
+    # -- the algorithm --------------------------------------------------------------------------------
+    def fit(self, obs: Observations, max_iters: Optional[int] = None) -> "TiedEmbeddingVEM":
+        """Run variational EM on ``obs`` from a fresh initialisation; returns ``self``.
+
+        :param max_iters: overrides the constructor's ``max_iters`` for this call.
+        Warns :class:`ConvergenceWarning` if it stops at ``max_iters`` before meeting ``tol``.
+        """
+        schedule = self._check_settings()
+        self._check_observations(obs)
+        max_iters = self.max_iters if max_iters is None else check_positive_int("max_iters", max_iters)
+        dtype = torch.get_default_dtype()
+        generator = torch.Generator().manual_seed(self.seed)
+        shape = (self.num_symbols, self.embed_dim)
+        means = (self.init_loc_scale * torch.randn(shape, generator=generator, dtype=dtype)).requires_grad_()
+        log_vars = torch.full(shape, float(self.init_log_var), dtype=dtype).requires_grad_()
+        optimizer = torch.optim.Adam([means, log_vars], lr=self.lr)
+        emission = self._initial_emission(obs, generator, dtype)
+
+        lower_bounds, kl_weights = [], []
+        converged = False
+        iteration = 0
+        for iteration in range(1, max_iters + 1):
+            weight = schedule(iteration - 1)
+            elbo, responsibilities = self._e_step(obs, means, log_vars, emission, weight, generator)
+            optimizer.zero_grad()
+            (-elbo).backward()
+            optimizer.step()
+            emission = self._m_step(obs, responsibilities)
+            lower_bounds.append(float(elbo.detach()))
+            kl_weights.append(weight)
+            if iteration % 50 == 0:
+                logger.debug("iteration %d: annealed ELBO %.4f, KL weight %.4g", iteration, lower_bounds[-1], weight)
+            if iteration >= max(self.anneal_iters, 2 * self.window) and self._has_converged(lower_bounds, len(obs)):
+                converged = True
+                break
+
+        self.means_ = means.detach()
+        self.log_vars_ = log_vars.detach()
+        self.scales_ = (0.5 * self.log_vars_).exp()
+        self.emission_ = emission
+        self.n_iter_ = iteration
+        self.converged_ = converged
+        self.lower_bounds_ = torch.tensor(lower_bounds, dtype=torch.float64)
+        self.kl_weights_ = torch.tensor(kl_weights, dtype=torch.float64)
+        if not converged:
+            warnings.warn(
+                f"variational EM stopped at max_iters = {max_iters} before the ELBO settled (tol = {self.tol}); "
+                "raise max_iters or tol",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        return self
+
+    def _initial_emission(self, obs: Observations, generator: torch.Generator, dtype) -> torch.Tensor:
+        """Smoothed counts of random last-hop responsibilities (uniform on the simplex, padding excluded)."""
+        weights = -torch.rand(obs.keys.shape, generator=generator, dtype=dtype).log()  # Exp(1): Dirichlet(1)
+        weights = weights * obs.full_mask()
+        return self._m_step(obs, weights / weights.sum(-1, keepdim=True))
+
+    def _e_step(self, obs, means, log_vars, emission, weight, generator):
+        """Annealed ELBO estimate (differentiable in ``means``, ``log_vars``) and ``(n, N)`` mean last-hop
+        posterior responsibilities over the draws."""
+        noise = torch.randn((self.mc,) + tuple(means.shape), generator=generator, dtype=means.dtype)
+        draws = means + (0.5 * log_vars).exp() * noise
+        log_emission = emission.log()[obs.values, obs.target.unsqueeze(-1)]  # (n, N)
+        log_likelihood = 0.0
+        responsibilities = torch.zeros(obs.keys.shape, dtype=means.dtype)
+        for embeddings in draws:
+            chain = embedding_gate_chain(
+                embeddings, obs.keys, obs.values, obs.query, obs.mask, self.sigma2, self.n_hops
+            )
+            log_likelihood = log_likelihood + chain_log_likelihood(chain, log_emission).sum()
+            with torch.no_grad():
+                responsibilities += chain_posterior(_detach_chain(chain), log_emission).hop_marginals[-1]
+        kl = 0.5 * (means.pow(2) + log_vars.exp() - 1.0 - log_vars).sum()
+        return log_likelihood / self.mc - weight * kl, responsibilities / self.mc
+
+    def _m_step(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
+        """Closed-form emission: smoothed counts of ``(value at the last hop, target)``."""
+        counts = torch.zeros(self.num_symbols, self.num_targets, dtype=responsibilities.dtype)
+        counts.index_put_((obs.values, obs.target.unsqueeze(-1).expand_as(obs.values)),
+                          responsibilities.detach(), accumulate=True)
+        counts = counts + self.emission_smoothing
+        return counts / counts.sum(-1, keepdim=True)
+
+    def _has_converged(self, lower_bounds, n: int) -> bool:
+        recent = sum(lower_bounds[-self.window:]) / self.window
+        before = sum(lower_bounds[-2 * self.window: -self.window]) / self.window
+        return abs(recent - before) / n < self.tol
+
+    # -- fitted model ----------------------------------------------------------------------------------
+    def to_head(self) -> TiedEmbeddingAttention:
+        """A :class:`TiedEmbeddingAttention` holding the fitted posterior and emission (for its inference,
+        sampling and plotting); its annealing schedule is this estimator's."""
+        self._check_fitted()
+        return TiedEmbeddingAttention(
+            self.num_symbols,
+            self.embed_dim,
+            self.num_targets,
+            self.n_hops,
+            self.sigma2,
+            annealing=LinearAnnealing(self.prior_strength, self.anneal_iters),
+            loc=self.means_,
+            scale=self.scales_,
+            emission=self.emission_,
+            seed=self.seed,
+        )
+
+    def _chain(self, obs: Observations):
+        return embedding_gate_chain(self.means_, obs.keys, obs.values, obs.query, obs.mask, self.sigma2, self.n_hops)
+
+    def log_likelihood(self, obs: Observations) -> torch.Tensor:
+        """``(n,)`` plug-in ``log p(target | context, query)`` at the posterior means."""
+        self._check_fitted()
+        self._check_observations(obs)
+        log_emission = self.emission_.log()[obs.values, obs.target.unsqueeze(-1)]
+        return chain_log_likelihood(self._chain(obs), log_emission)
+
+    def predict_proba(self, keys, values=None, query=None, mask=None) -> torch.Tensor:
+        """``(n, T)`` plug-in predictive at the posterior means; takes arrays or an :class:`Observations`."""
+        self._check_fitted()
+        if isinstance(keys, Observations):
+            obs = keys
+            obs.check_sizes(self.num_symbols, self.num_targets)
+        else:
+            query_tensor = torch.as_tensor(query)
+            obs = Observations(keys, values, query, torch.zeros_like(query_tensor, dtype=torch.long), mask)
+            obs.check_sizes(self.num_symbols, None)
+        weights = last_hop_prior(self._chain(obs))
+        return torch.einsum("ni,nit->nt", weights, self.emission_[obs.values])
+
+    def score(self, obs: Observations) -> float:
+        """Mean plug-in log-likelihood per observation."""
+        return float(self.log_likelihood(obs).mean())
+
+    def evaluate(self, obs: Observations) -> dict:
+        """``{"log_likelihood": mean, "accuracy": argmax accuracy, "n": n}``, as the heads report it."""
+        self._check_fitted()
+        self._check_observations(obs)
+        predicted = self.predict_proba(obs).argmax(-1)
+        return {
+            "log_likelihood": self.score(obs),
+            "accuracy": float((predicted == obs.target).double().mean()),
+            "n": len(obs),
+        }
+
+
+def _detach_chain(chain):
+    return type(chain)(chain.init.detach(), chain.trans.detach())

@@ -1,0 +1,14 @@
+"""Variational guides and KL annealing for the heads with continuous latents (the tied-embedding head)."""
+
+from .annealing import AnnealingSchedule, Constant, LinearAnnealing, check_kl_weight, make_schedule, scale_kl
+from .mean_field import MeanFieldNormalGuide
+
+__all__ = [
+    "AnnealingSchedule",
+    "LinearAnnealing",
+    "Constant",
+    "make_schedule",
+    "scale_kl",
+    "check_kl_weight",
+    "MeanFieldNormalGuide",
+]
