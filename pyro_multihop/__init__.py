@@ -5,6 +5,7 @@ from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .hop_chain import HopChain, HopPosterior
 from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
+from .train import fit_svi
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "ConvergenceWarning",
     "EMResult",
     "SufficientStats",
+    "fit_svi",
 ]
