@@ -5,7 +5,8 @@ from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .hop_chain import HopChain, HopPosterior
 from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
-from .train import fit_svi
+from .checkpoint import load_checkpoint, save_checkpoint
+from .train import SVI_DEFAULTS, fit_svi
 
 __version__ = "0.1.0"
 
@@ -25,4 +26,7 @@ __all__ = [
     "EMResult",
     "SufficientStats",
     "fit_svi",
+    "SVI_DEFAULTS",
+    "save_checkpoint",
+    "load_checkpoint",
 ]

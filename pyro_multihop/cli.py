@@ -1,0 +1,597 @@
+"""The ``pyro-multihop`` command: simulate a task, train a head by SVI or EM, evaluate, predict, inspect.
+
+::
+
+    pyro-multihop simulate --task transitive -n 2000 --seed 0 --out train.csv
+    pyro-multihop simulate --task transitive -n 2000 --seed 1 --out test.csv
+    pyro-multihop train --data train.csv --val test.csv --model chained --method svi --out runs/svi
+    pyro-multihop evaluate --checkpoint runs/svi/checkpoint.pt --data test.csv
+    pyro-multihop predict --checkpoint runs/svi/checkpoint.pt --data test.csv --out predictions.csv
+    pyro-multihop inspect --checkpoint runs/svi/checkpoint.pt --data test.csv --rows 0 1 2 --out runs/svi/figures
+
+Every subcommand has ``--help``. Bad files or arguments end with one line on stderr naming the problem
+and exit status 2; nothing prints a traceback (set ``PYRO_MULTIHOP_DEBUG=1`` to get one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+PROG = "pyro-multihop"
+EXIT_ERROR = 2
+
+
+class CommandError(Exception):
+    """A problem with the user's files or arguments: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as one line (``prog: error: message (see prog --help)``)."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- argument types ----------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return value
+
+
+def _data_path(text: str) -> Path:
+    path = Path(text)
+    if path.suffix not in (".csv", ".parquet"):
+        raise argparse.ArgumentTypeError(f"data files end in .csv or .parquet, got {text!r}")
+    return path
+
+
+# -- the parser --------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Chained (multi-hop) attention heads: simulate tasks, train by SVI or EM, evaluate, "
+        "predict, inspect.",
+        epilog=f"Run '{PROG} COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details (INFO level)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="simulate a task and write it to a data file",
+        description="Simulate observations of a lookup task and write them to a .csv or .parquet file "
+        "(columns query, target, key_0.., value_0..).",
+    )
+    simulate.add_argument("--task", choices=["transitive", "chain", "induction"], default="transitive",
+                          help="transitive a->b->c (2 hops), chain (--hops hops) or induction (copy) (default: transitive)")
+    simulate.add_argument("-n", "--n", type=_positive_int, default=2000, help="number of observations (default: 2000)")
+    simulate.add_argument("--symbols", type=_positive_int, default=30, help="symbol vocabulary size S (default: 30)")
+    simulate.add_argument("--pairs", type=_positive_int, default=5, help="pairs per hop block (transitive, chain; default: 5)")
+    simulate.add_argument("--hops", type=_positive_int, default=2, help="hops of the chain task (default: 2)")
+    simulate.add_argument("--seq-len", type=_positive_int, default=8, help="sequence length of the induction task (default: 8)")
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    simulate.add_argument("--out", type=_data_path, required=True, help="output file, .csv or .parquet")
+
+    train = commands.add_parser(
+        "train",
+        help="fit a head by SVI or EM; write checkpoint, metrics and figures",
+        description="Fit a head to a data file. Writes OUT/checkpoint.pt (configuration, parameters, "
+        "optimiser and training state), OUT/metrics.csv (one row per logged step or EM iteration), "
+        "OUT/loss.png, OUT/accuracy.png (with --val) and OUT/summary.json.",
+    )
+    train.add_argument("--data", type=_data_path, required=True, help="training data (.csv or .parquet)")
+    train.add_argument("--val", type=_data_path, default=None, help="held-out data, evaluated while training")
+    train.add_argument("--model", choices=["chained", "tied"], default="chained",
+                       help="chained: one-hot key tables (exact); tied: latent tied embeddings (default: chained)")
+    train.add_argument("--method", choices=["svi", "em"], default="svi",
+                       help="svi: fit_svi on the enumerated ELBO; em: closed-form EM (chained) or variational "
+                       "EM (tied) (default: svi)")
+    train.add_argument("--hops", type=_positive_int, default=2, help="number of hops L (default: 2)")
+    train.add_argument("--sigma2", type=_positive_float, default=None,
+                       help="gate variance (attention temperature) (default: 0.1 chained, 0.3 tied)")
+    train.add_argument("--embed-dim", type=_positive_int, default=8, help="embedding dimension of the tied model (default: 8)")
+    train.add_argument("--symbols", type=_positive_int, default=None,
+                       help="symbol vocabulary size S (default: the largest symbol in the data + 1)")
+    train.add_argument("--targets", type=_positive_int, default=None,
+                       help="number of targets T (default: the largest target in the data + 1, at least S)")
+    train.add_argument("--steps", type=_positive_int, default=None,
+                       help="SVI steps, or most EM iterations (default: the head's SVI defaults; 100 EM iterations)")
+    train.add_argument("--lr", type=_positive_float, default=None, help="SVI learning rate (default: the head's)")
+    train.add_argument("--batch-size", type=_positive_int, default=None,
+                       help="SVI mini-batch size (default: the head's; the chained head uses full batches)")
+    train.add_argument("--tol", type=_nonnegative_float, default=1e-6,
+                       help="EM convergence threshold on the mean log-likelihood change (default: 1e-6)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the run (default: 0)")
+    train.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    train.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="parameter dtype (default: float32)")
+    train.add_argument("--log-every", type=_positive_int, default=None, help="SVI steps between metric rows (default: 10)")
+    train.add_argument("--checkpoint-every", type=_positive_int, default=None,
+                       help="SVI steps between checkpoints (default: a tenth of the steps)")
+    train.add_argument("--resume", action="store_true", help="continue an SVI run from OUT/checkpoint.pt if it exists")
+    train.add_argument("--jit", action="store_true", help="use JitTraceEnum_ELBO for the SVI loss")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="log-likelihood and accuracy of a checkpoint on data, as JSON",
+        description="Evaluate a checkpoint on a data file: mean log-likelihood per observation, accuracy of "
+        "the most probable target, and n. Prints JSON (and writes it to --out if given).",
+    )
+    evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train")
+    evaluate.add_argument("--data", type=_data_path, required=True, help="data file (.csv or .parquet)")
+    evaluate.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    evaluate.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+
+    predict = commands.add_parser(
+        "predict",
+        help="CSV of target probabilities and MAP hop paths",
+        description="Predict with a checkpoint. One CSV row per observation: row, query, target (if the data "
+        "has one), predicted (most probable target), p_predicted, p_target, map_hop_1..map_hop_L (context "
+        "position attended at each hop on the most probable hop path: given the target when the data has "
+        "one, else given the query only), and prob_0..prob_{T-1}.",
+    )
+    predict.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train")
+    predict.add_argument("--data", type=_data_path, required=True,
+                         help="data file (.csv or .parquet); the target column is optional")
+    predict.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    predict.add_argument("--out", type=Path, required=True, help="output .csv file")
+
+    inspect = commands.add_parser(
+        "inspect",
+        help="figures of a checkpoint: key tables, emission, hop marginals, embeddings",
+        description="Draw a checkpoint's parameters into OUT: key_tables.png (chained), emission.png, "
+        "embeddings.png (tied), and hop_marginals.png for --rows of --data.",
+    )
+    inspect.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train")
+    inspect.add_argument("--data", type=_data_path, default=None, help="data file for the hop marginals")
+    inspect.add_argument("--rows", type=_nonnegative_int, nargs="+", default=[0, 1, 2],
+                         help="rows of --data whose hop marginals to draw (default: 0 1 2)")
+    inspect.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+    return parser
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+def _device(text: str):
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise CommandError(f"--device must be a torch device such as cpu or cuda:0, got {text!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CommandError(f"--device {text}: CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise CommandError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return device
+
+
+def _read_frame(path: Path):
+    import pandas as pd
+
+    if not path.is_file():
+        raise CommandError(f"data file {str(path)!r} does not exist")
+    try:
+        frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    except ImportError as error:
+        raise CommandError(f"cannot read {str(path)!r}: {error}") from None
+    except Exception as error:  # pandas and pyarrow raise many types for damaged files
+        raise CommandError(f"cannot read data file {str(path)!r}: {_first_line(error)}") from None
+    if len(frame) == 0:
+        raise CommandError(f"data file {str(path)!r} holds no observations")
+    return frame
+
+
+def _load_data(path: Path, require_target: bool = True):
+    """``(Observations, has_target)`` from a data file; without a target column the targets are 0."""
+    from .data import Observations
+
+    frame = _read_frame(path)
+    has_target = "target" in frame.columns
+    if not has_target:
+        if require_target:
+            raise CommandError(f"data file {str(path)!r} must have a column 'target'")
+        frame = frame.assign(target=0)
+    try:
+        return Observations.from_dataframe(frame), has_target
+    except (ValueError, TypeError) as error:
+        raise CommandError(f"data file {str(path)!r}: {error}") from None
+
+
+def _load_checkpoint(path: Path, device):
+    from .checkpoint import load_checkpoint
+
+    model, state = load_checkpoint(path)
+    return model.to(device), state
+
+
+def _check_fits(model, obs, path: Path):
+    try:
+        model.check_observations(obs)
+    except (ValueError, TypeError) as error:
+        raise CommandError(f"data file {str(path)!r} does not fit the checkpoint's model: {error}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)
+
+
+def _save_figure(figure, path: Path) -> Path:
+    figure.savefig(path, dpi=110)
+    return path
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+def _simulate(args) -> int:
+    from .data import chain_task, induction_task, transitive_task
+
+    if args.task == "transitive":
+        obs = transitive_task(args.n, num_symbols=args.symbols, pairs=args.pairs, seed=args.seed)
+    elif args.task == "chain":
+        obs = chain_task(args.n, hops=args.hops, num_symbols=args.symbols, pairs=args.pairs, seed=args.seed)
+    else:
+        obs = induction_task(args.n, num_symbols=args.symbols, seq_len=args.seq_len, seed=args.seed)
+    if args.out.parent != Path("") and not args.out.parent.is_dir():
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    obs.save(args.out)
+    print(f"wrote {len(obs)} observations of the {args.task} task (N = {obs.context_len} positions) to {args.out}")
+    return 0
+
+
+def _build_head(args, num_symbols: int, num_targets: int):
+    if args.model == "chained":
+        from .models.chained import ChainedAttention
+
+        sigma2 = 0.1 if args.sigma2 is None else args.sigma2
+        return ChainedAttention(args.hops, num_symbols, num_targets, sigma2, seed=args.seed)
+    try:
+        from .models.tied import TiedEmbeddingAttention
+    except ImportError as error:
+        raise CommandError(f"--model tied is not available: {error}") from None
+    sigma2 = 0.3 if args.sigma2 is None else args.sigma2
+    return TiedEmbeddingAttention(num_symbols, args.embed_dim, num_targets, n_hops=args.hops, sigma2=sigma2, seed=args.seed)
+
+
+def _train(args) -> int:
+    import torch
+
+    from .plots import plot_training_curves
+
+    device = _device(args.device)
+    dtype = getattr(torch, args.dtype)
+    train_obs, _ = _load_data(args.data)
+    val_obs = _load_data(args.val)[0] if args.val is not None else None
+    both = [train_obs] + ([val_obs] if val_obs is not None else [])
+    num_symbols = args.symbols or max(o.num_symbols for o in both)
+    num_targets = args.targets or max([num_symbols] + [o.num_targets for o in both])
+    for path, obs in ((args.data, train_obs), (args.val, val_obs)):
+        if obs is not None:
+            try:
+                obs.check_sizes(num_symbols, num_targets)
+            except ValueError as error:
+                raise CommandError(f"data file {str(path)!r} does not fit --symbols/--targets: {error}") from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = args.out / "checkpoint.pt"
+    started = time.perf_counter()
+    if args.method == "svi":
+        model, metrics, settings = _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
+    elif args.model == "chained":
+        model, metrics, settings = _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
+    else:
+        model, metrics, settings = _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
+    seconds = time.perf_counter() - started
+
+    metrics_path = args.out / "metrics.csv"
+    metrics.to_csv(metrics_path, index=False)
+    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=f"{args.model} / {args.method}"), args.out / "loss.png")]
+    if "val_accuracy" in metrics.columns:
+        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=f"{args.model} / {args.method}"), args.out / "accuracy.png"))
+    summary = {
+        "model": type(model).__name__,
+        "method": args.method,
+        "config": model.config(),
+        "settings": settings,
+        "seconds": seconds,
+        "train": model.evaluate(train_obs.to(device)),
+        "val": None if val_obs is None else model.evaluate(val_obs.to(device)),
+        "checkpoint": str(checkpoint_path),
+        "metrics": str(metrics_path),
+        "figures": [str(f) for f in figures],
+    }
+    _write_json(args.out / "summary.json", summary)
+    print(f"{args.model}/{args.method}: {seconds:.1f} s; train log-likelihood {summary['train']['log_likelihood']:.4f}, "
+          f"accuracy {summary['train']['accuracy']:.4f}")
+    if summary["val"] is not None:
+        print(f"held-out log-likelihood {summary['val']['log_likelihood']:.4f}, accuracy {summary['val']['accuracy']:.4f}")
+    print(f"wrote {checkpoint_path}, {metrics_path}, {', '.join(str(f) for f in figures)}, {args.out / 'summary.json'}")
+    return 0
+
+
+def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
+    from .train import fit_svi
+
+    model = _build_head(args, num_symbols, num_targets).to(device=device, dtype=dtype)
+    metrics = fit_svi(
+        model,
+        train_obs,
+        num_steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        val=val_obs,
+        seed=args.seed,
+        progress=not args.no_progress,
+        jit=args.jit,
+        log_every=args.log_every,
+        checkpoint=checkpoint_path,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+    )
+    if metrics.attrs["divergences"]:
+        print(f"note: {len(metrics.attrs['divergences'])} divergence(s) caught; best parameters restored each time")
+    return model, metrics, metrics.attrs["settings"]
+
+
+def _em_rows(val_obs, started):
+    rows = []
+
+    def callback(iteration, model, stats):
+        row = {"step": iteration, "loss": -stats.loglik / stats.n}
+        if val_obs is not None:
+            result = model.evaluate(val_obs)
+            row["val_log_likelihood"], row["val_accuracy"] = result["log_likelihood"], result["accuracy"]
+        row["seconds"] = time.perf_counter() - started
+        rows.append(row)
+
+    return rows, callback
+
+
+def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
+    import pandas as pd
+
+    from .checkpoint import save_checkpoint
+    from .em import ChainedEM
+    from .em.chained import ConvergenceWarning
+
+    if args.batch_size is not None or args.lr is not None or args.resume or args.jit:
+        raise CommandError("--batch-size, --lr, --resume and --jit apply to --method svi only")
+    sigma2 = 0.1 if args.sigma2 is None else args.sigma2
+    max_iters = args.steps or 100
+    em = ChainedEM(args.hops, num_symbols, num_targets, sigma2=sigma2)
+    train_obs = train_obs.to(device)
+    val_obs = None if val_obs is None else val_obs.to(device)
+    rows, callback = _em_rows(val_obs, time.perf_counter())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        result = em.fit(train_obs, max_iters=max_iters, tol=args.tol, seed=args.seed, callback=callback, dtype=dtype)
+    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
+        print(f"note: EM did not converge in {max_iters} iterations (tol {args.tol:g}); the best model is kept")
+    model = result.model
+    metrics = pd.DataFrame(rows)
+    metrics.attrs.update({"best_step": result.best_iteration, "converged": result.converged})
+    settings = {"max_iters": max_iters, "tol": args.tol, "seed": args.seed, "sigma2": sigma2,
+                "emission_smoothing": em.emission_smoothing, "n_iter": result.n_iter,
+                "converged": result.converged, "best_iteration": result.best_iteration}
+    save_checkpoint(checkpoint_path, model, step=result.n_iter, extra={"method": "em", "em": settings})
+    return model, metrics, settings
+
+
+def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
+    import pandas as pd
+    import torch
+
+    from .checkpoint import save_checkpoint
+
+    try:
+        from .em.variational import TiedEmbeddingVEM
+    except ImportError as error:
+        raise CommandError(f"--model tied --method em is not available: {error}") from None
+    if args.batch_size is not None or args.resume or args.jit:
+        raise CommandError("--batch-size, --resume and --jit apply to --method svi only")
+    if device.type != "cpu" or dtype != torch.get_default_dtype():
+        raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
+    sigma2 = 0.3 if args.sigma2 is None else args.sigma2
+    options = {"sigma2": sigma2, "seed": args.seed}
+    if args.lr is not None:
+        options["lr"] = args.lr
+    if args.steps is not None:
+        options["max_iters"] = args.steps
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vem = TiedEmbeddingVEM(num_symbols, args.embed_dim, num_targets, args.hops, **options).fit(train_obs)
+    if any("converge" in str(w.message) or "max_iters" in str(w.message) for w in caught):
+        print(f"note: variational EM stopped at max_iters = {vem.max_iters} before its ELBO settled")
+    model = vem.to_head()
+    bounds = vem.lower_bounds_.tolist()
+    rows = [{"step": i, "loss": -b / len(train_obs)} for i, b in enumerate(bounds)]
+    if val_obs is not None and rows:
+        result = model.evaluate(val_obs)
+        for row in rows:
+            row["val_log_likelihood"], row["val_accuracy"] = math.nan, math.nan
+        rows[-1]["val_log_likelihood"], rows[-1]["val_accuracy"] = result["log_likelihood"], result["accuracy"]
+    for row in rows:
+        row["seconds"] = math.nan
+    if rows:
+        rows[-1]["seconds"] = time.perf_counter() - started
+    metrics = pd.DataFrame(rows)
+    settings = {"method": "variational em", "sigma2": sigma2, "seed": args.seed, "max_iters": vem.max_iters,
+                "n_iter": vem.n_iter_, "converged": vem.converged_}
+    save_checkpoint(checkpoint_path, model, step=vem.n_iter_, extra={"method": "em", "em": settings})
+    return model, metrics, settings
+
+
+def _evaluate(args) -> int:
+    import torch
+
+    device = _device(args.device)
+    model, _ = _load_checkpoint(args.checkpoint, device)
+    obs, _ = _load_data(args.data)
+    _check_fits(model, obs, args.data)
+    with torch.no_grad():
+        result = model.evaluate(obs.to(device))
+    payload = {"checkpoint": str(args.checkpoint), "data": str(args.data), "model": type(model).__name__, **result}
+    text = json.dumps(payload, indent=2)
+    print(text)
+    if args.out is not None:
+        _write_json(args.out, payload)
+    return 0
+
+
+def _predict(args) -> int:
+    import pandas as pd
+    import torch
+
+    from .hop_chain import chain_map_paths
+
+    if args.out.suffix != ".csv":
+        raise CommandError(f"--out must end in .csv, got {str(args.out)!r}")
+    device = _device(args.device)
+    model, _ = _load_checkpoint(args.checkpoint, device)
+    obs, has_target = _load_data(args.data, require_target=False)
+    _check_fits(model, obs, args.data)
+    obs = obs.to(device)
+    with torch.no_grad():
+        probs = model.predict_proba(obs)
+        if has_target:
+            paths = model.map_paths(obs)
+        else:
+            chain = model.hop_chain(obs)
+            paths = chain_map_paths(chain, torch.zeros_like(chain.init))
+    probs, paths = probs.cpu(), paths.cpu()
+    predicted = probs.argmax(-1)
+    columns = {"row": range(len(obs)), "query": obs.query.cpu().numpy()}
+    if has_target:
+        columns["target"] = obs.target.cpu().numpy()
+    columns["predicted"] = predicted.numpy()
+    columns["p_predicted"] = probs.gather(1, predicted[:, None]).squeeze(1).numpy()
+    if has_target:
+        columns["p_target"] = probs.gather(1, obs.target.cpu()[:, None]).squeeze(1).numpy()
+    for hop in range(paths.shape[1]):
+        columns[f"map_hop_{hop + 1}"] = paths[:, hop].numpy()
+    for t in range(probs.shape[1]):
+        columns[f"prob_{t}"] = probs[:, t].numpy()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(columns).to_csv(args.out, index=False)
+    print(f"wrote predictions for {len(obs)} observations to {args.out}")
+    return 0
+
+
+def _inspect(args) -> int:
+    import torch
+
+    from .plots import plot_embeddings, plot_emission, plot_hop_marginals, plot_key_tables
+
+    model, _ = _load_checkpoint(args.checkpoint, torch.device("cpu"))
+    obs = None
+    if args.data is not None:
+        obs, _ = _load_data(args.data)
+        _check_fits(model, obs, args.data)
+        bad = [r for r in args.rows if r >= len(obs)]
+        if bad:
+            raise CommandError(f"--rows must be below the {len(obs)} observations of {str(args.data)!r}, got {bad}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = type(model).__name__
+    written = []
+    if isinstance(getattr(model, "key_tables", None), torch.Tensor):
+        written.append(_save_figure(plot_key_tables(model, title=name), args.out / "key_tables.png"))
+    if callable(getattr(model, "embeddings", None)):
+        written.append(_save_figure(plot_embeddings(model, title=name), args.out / "embeddings.png"))
+    written.append(_save_figure(plot_emission(model), args.out / "emission.png"))
+    if obs is not None:
+        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals")
+        written.append(_save_figure(figure, args.out / "hop_marginals.png"))
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+_COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed as one line
+        return int(exit_.code or 0)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    from .checkpoint import CheckpointError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (CommandError, CheckpointError, ValueError, TypeError, OSError, ImportError, KeyError) as error:
+        if os.environ.get("PYRO_MULTIHOP_DEBUG"):
+            raise
+        print(f"{PROG} {args.command}: error: {_first_line(error)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Figures of training runs and fitted heads. Every function takes data and returns a
+:class:`matplotlib.figure.Figure`; nothing is shown or saved, and no pyplot state or backend is touched
+(``figure.savefig(path)`` works under any backend, Agg included).
+
+Example::
+
+    >>> from pyro_multihop import ChainedAttention, transitive_task
+    >>> from pyro_multihop.plots import plot_hop_marginals, plot_key_tables
+    >>> head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
+    >>> figure = plot_key_tables(head)
+    >>> len(figure.axes) >= 2
+    True
+    >>> figure = plot_hop_marginals(head, transitive_task(10, seed=0), rows=[0, 1])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+__all__ = [
+    "plot_training_curves",
+    "plot_key_tables",
+    "plot_emission",
+    "plot_hop_marginals",
+    "plot_embeddings",
+]
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().double().numpy()
+
+
+def plot_training_curves(metrics: pd.DataFrame, which: str = "both", title: Optional[str] = None) -> Figure:
+    """Training curves: the loss per observation against step and, if present, the held-out accuracy.
+
+    :param metrics: a DataFrame with columns ``step`` and ``loss`` and optionally ``val_accuracy`` and
+        ``val_log_likelihood`` (what :func:`~pyro_multihop.train.fit_svi` returns; the CLI writes the same
+        columns for EM, one row per iteration). Divergence events in ``metrics.attrs["divergences"]`` are
+        marked with dotted lines.
+    :param str which: ``"loss"``, ``"accuracy"`` (needs ``val_accuracy``) or ``"both"`` (the accuracy panel
+        only if there is one).
+    """
+    if not isinstance(metrics, pd.DataFrame):
+        raise TypeError(f"metrics must be a pandas DataFrame, got {type(metrics).__name__}")
+    if which not in ("both", "loss", "accuracy"):
+        raise ValueError(f"which must be 'both', 'loss' or 'accuracy', got {which!r}")
+    missing = [c for c in ("step", "loss") if c not in metrics.columns]
+    if missing:
+        raise ValueError(f"metrics must have the columns step and loss; missing {missing}")
+    has_val = "val_accuracy" in metrics.columns
+    if which == "accuracy" and not has_val:
+        raise ValueError("metrics must have a val_accuracy column to plot the accuracy (train with val data)")
+    panels = {"loss": ["loss"], "accuracy": ["accuracy"], "both": ["loss"] + (["accuracy"] if has_val else [])}[which]
+    figure = Figure(figsize=(5.5 * len(panels), 4), layout="constrained")
+    axes = dict(zip(panels, figure.subplots(1, len(panels), squeeze=False)[0]))
+    if "loss" in axes:
+        axis = axes["loss"]
+        axis.plot(metrics["step"], metrics["loss"], color="C0", label="training loss")
+        if "val_log_likelihood" in metrics.columns:
+            axis.plot(metrics["step"], -metrics["val_log_likelihood"], color="C1", label="held-out loss")
+        for event in metrics.attrs.get("divergences", []) or []:
+            axis.axvline(event["step"], color="C3", linestyle=":", linewidth=1)
+        if len(metrics) and (metrics["loss"] > 0).all():
+            axis.set_yscale("log")
+            _plain_log_ticks(axis)
+        axis.set_xlabel("step")
+        axis.set_ylabel("negative log-likelihood per observation (nats)")
+        axis.legend(loc="upper right")
+        axis.grid(True, which="both", alpha=0.3)
+    if "accuracy" in axes:
+        axis = axes["accuracy"]
+        axis.plot(metrics["step"], metrics["val_accuracy"], color="C2")
+        axis.set_xlabel("step")
+        axis.set_ylabel("held-out accuracy")
+        axis.set_ylim(0, 1)
+        axis.grid(True, alpha=0.3)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def _plain_log_ticks(axis) -> None:
+    """Label a log y axis with plain numbers (0.2, 0.3, 0.5, 1, 2, ...) instead of powers of ten."""
+
+    def label(y, _):
+        if y <= 0:
+            return ""
+        mantissa = round(y / 10 ** math.floor(math.log10(y)), 6)
+        return f"{y:g}" if mantissa in (1, 2, 3, 5) else ""
+
+    axis.yaxis.set_major_formatter(FuncFormatter(label))
+    axis.yaxis.set_minor_formatter(FuncFormatter(label))
+
+
+def plot_key_tables(model, title: Optional[str] = None) -> Figure:
+    """Heatmaps of the key tables ``K[l]`` of a :class:`~pyro_multihop.models.ChainedAttention`, one per hop
+    (row: key symbol, column: query symbol)."""
+    tables = getattr(model, "key_tables", None)
+    if not isinstance(tables, torch.Tensor) or tables.dim() != 3:
+        raise TypeError(f"model must have (L, S, S) key_tables (a ChainedAttention), got {type(model).__name__}")
+    tables = _numpy(tables)
+    n_hops = tables.shape[0]
+    figure = Figure(figsize=(4.2 * n_hops + 0.8, 4), layout="constrained")
+    axes = figure.subplots(1, n_hops, squeeze=False)[0]
+    limit = max(float(np.abs(tables).max()), 1e-12)
+    image = None
+    for hop, axis in enumerate(axes):
+        image = axis.imshow(tables[hop], cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
+        axis.set_title(f"hop {hop + 1}: K[{hop + 1}]")
+        axis.set_xlabel("query symbol")
+        axis.set_ylabel("key symbol")
+    figure.colorbar(image, ax=list(axes), shrink=0.8)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def plot_emission(model, title: Optional[str] = None) -> Figure:
+    """Heatmap of the emission table ``p(target | last attended value)`` (row: value symbol, column: target)."""
+    emission = getattr(model, "emission", None)
+    if not isinstance(emission, torch.Tensor) or emission.dim() != 2:
+        raise TypeError(f"model must have an (S, T) emission table, got {type(model).__name__}")
+    figure = Figure(figsize=(5, 4.2), layout="constrained")
+    axis = figure.subplots()
+    image = axis.imshow(_numpy(emission), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    axis.set_xlabel("target")
+    axis.set_ylabel("value symbol")
+    axis.set_title(title or "emission p(target | value)")
+    figure.colorbar(image, ax=axis, shrink=0.8)
+    return figure
+
+
+def plot_hop_marginals(model, obs, rows: Sequence[int] = (0,), title: Optional[str] = None) -> Figure:
+    """Posterior hop marginals ``p(z_l = i | observation)`` of chosen rows: one panel per row, hops down,
+    context positions across (labelled ``key:value``), the MAP hop path marked with dots.
+
+    :param model: a fitted head (``posterior``).
+    :param obs: :class:`~pyro_multihop.data.Observations`.
+    :param rows: indices of the observations to show.
+    """
+    rows = [int(r) for r in rows]
+    if not rows:
+        raise ValueError("rows must name at least one observation")
+    bad = [r for r in rows if not -len(obs) <= r < len(obs)]
+    if bad:
+        raise ValueError(f"rows must be indices into the {len(obs)} observations, got {bad}")
+    subset = obs[torch.tensor(rows)]
+    with torch.no_grad():
+        posterior = model.posterior(subset)
+    marginals = _numpy(posterior.hop_marginals)  # (L, r, N)
+    paths = posterior.map_paths.cpu().numpy()
+    mask = subset.full_mask().cpu().numpy()
+    n_hops = marginals.shape[0]
+    figure = Figure(figsize=(max(5.0, 0.55 * subset.context_len + 1.5), 1.0 + (0.45 * n_hops + 0.9) * len(rows)), layout="constrained")
+    axes = figure.subplots(len(rows), 1, squeeze=False)[:, 0]
+    image = None
+    for k, axis in enumerate(axes):
+        image = axis.imshow(marginals[:, k, :], cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+        axis.scatter(paths[k], np.arange(n_hops), color="C3", s=18, label="MAP path")
+        labels = [
+            f"{int(key)}:{int(value)}" if real else "pad"
+            for key, value, real in zip(subset.keys[k].tolist(), subset.values[k].tolist(), mask[k])
+        ]
+        axis.set_xticks(np.arange(len(labels)), labels, rotation=90, fontsize=7)
+        axis.set_yticks(np.arange(n_hops), [f"z_{hop + 1}" for hop in range(n_hops)])
+        axis.set_title(
+            f"row {rows[k]}: query {int(subset.query[k])}, target {int(subset.target[k])}", fontsize=9
+        )
+    axes[-1].set_xlabel("context position (key:value)")
+    figure.colorbar(image, ax=list(axes), shrink=0.8, label="posterior probability")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def plot_embeddings(model, title: Optional[str] = None) -> Figure:
+    """Posterior embeddings of a tied-embedding head (``model.embeddings() -> (mean, scale)``): the means as a
+    heatmap (left) and their projection on the first two principal axes, each symbol labelled, marker
+    size growing with the mean posterior standard deviation (right)."""
+    if not callable(getattr(model, "embeddings", None)):
+        raise TypeError(f"model must have embeddings() (a tied-embedding head), got {type(model).__name__}")
+    mean, scale = model.embeddings()
+    mean, scale = _numpy(mean), _numpy(scale)
+    figure = Figure(figsize=(10, 4.2), layout="constrained")
+    heat_axis, scatter_axis = figure.subplots(1, 2)
+    limit = max(float(np.abs(mean).max()), 1e-12)
+    image = heat_axis.imshow(mean, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
+    heat_axis.set_xlabel("embedding dimension")
+    heat_axis.set_ylabel("symbol")
+    heat_axis.set_title("posterior means")
+    figure.colorbar(image, ax=heat_axis, shrink=0.8)
+    centred = mean - mean.mean(0, keepdims=True)
+    if centred.shape[1] >= 2 and np.abs(centred).max() > 0:
+        _, _, axes_t = np.linalg.svd(centred, full_matrices=False)
+        projected = centred @ axes_t[:2].T
+    else:
+        projected = np.concatenate([centred[:, :1], np.zeros((centred.shape[0], 1))], axis=1)
+    size = 20 + 400 * scale.mean(1) / max(float(scale.mean(1).max()), 1e-12)
+    scatter_axis.scatter(projected[:, 0], projected[:, 1], s=size, alpha=0.5)
+    for symbol, (x, y) in enumerate(projected):
+        scatter_axis.annotate(str(symbol), (x, y), fontsize=7, ha="center", va="center")
+    scatter_axis.set_xlabel("principal axis 1")
+    scatter_axis.set_ylabel("principal axis 2")
+    scatter_axis.set_title("means, first two principal axes (size: posterior sd)")
+    if title:
+        figure.suptitle(title)
+    return figure

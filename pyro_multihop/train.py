@@ -1,0 +1,528 @@
+"""Stochastic variational inference for every head of the library: :func:`fit_svi`.
+
+``fit_svi`` minimises the per-observation negative ELBO of ``model.model`` / ``model.guide`` (with the
+hop latents enumerated by ``TraceEnum_ELBO``, this is the exact negative log-likelihood for the chained
+head) with :class:`pyro.optim.clipped_adam.ClippedAdam`, a torch optimiser with element-wise gradient
+clipping and a per-step learning-rate decay. Pyro parameters are read from an isolated param store
+(``pyro.get_param_store().scope()``), so two heads never share parameters through the global store.
+
+Settings come, in this order, from the keyword arguments of :func:`fit_svi`, from the head's
+``svi_defaults()`` (if it has one) and from :data:`SVI_DEFAULTS`:
+
+==========================  ======================================================================
+``num_steps``               optimisation steps
+``lr``                      initial learning rate of ClippedAdam
+``lr_decay``                learning rate after ``num_steps`` steps / initial one (geometric decay)
+``batch_size``              mini-batch size (``pyro.plate`` subsampling, likelihood scaled to the
+                            full data); None = the full data every step (exact gradient)
+``clip_norm``               ClippedAdam's element-wise clip of the per-observation gradient
+``betas``                   Adam's moment decay rates
+``weight_decay``            L2 penalty on the per-observation loss, a float for every parameter or
+                            ``{parameter name: float}`` (names as in ``model.named_parameters()``,
+                            the ``_unconstrained`` suffix optional); a Gaussian prior of precision
+                            ``n * weight_decay`` on those parameters
+``log_every``               steps between rows of the returned metrics
+``divergence_threshold``    nats per observation above the best full-data loss that count as a
+                            divergence (``math.inf`` disables the guard)
+``divergence_lr_factor``    learning-rate factor applied after a divergence
+==========================  ======================================================================
+
+Why the chained head's defaults (:meth:`ChainedAttention.svi_defaults
+<pyro_multihop.models.ChainedAttention.svi_defaults>`) carry a weight decay on the key tables: the
+gate logit ``(2 K[k, v] - ||K[k]||^2) / 2 sigma2`` is quadratic in the key table, and on data the exact
+negative log-likelihood keeps falling as the tables grow (sharper gates than ``sigma2`` allows), so it has
+no finite minimiser. Adam, whose steps do not shrink with the gradient, then drifts along that direction
+into ever higher curvature until a step overshoots (the late divergence of plain Adam), and near zero
+tables it turns the noise-level gradient of the first hop into full-size random steps (the
+attend-everywhere saddle). The penalty (a Gaussian prior, precision ``n * weight_decay``) gives the loss a
+finite minimum, pulls noise-level coordinates back to zero instead, and keeps the pair-specific entries
+that would memorise symbol collisions small. ``benchmarks/svi_stability.py`` measures it.
+
+The divergence guard: the full-data loss is tracked (every step with full batches, where it comes for
+free; at logged steps with mini-batches); if it rises more than ``divergence_threshold`` above the best
+value seen, the best parameters are restored, Adam's moment estimates are reset and the learning rate is
+multiplied by ``divergence_lr_factor``. At the end the best parameters are restored if the final ones are
+worse. Events are listed in ``metrics.attrs["divergences"]``. The best value is only compared among steps
+whose ``model.svi_kwargs(step)`` agree (a KL-annealed objective changes every step while it anneals).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from typing import Callable, Optional, Union
+
+import pandas as pd
+import pyro
+import torch
+from pyro.infer import JitTraceEnum_ELBO, TraceEnum_ELBO
+from pyro.optim.clipped_adam import ClippedAdam
+from tqdm.auto import tqdm
+
+from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
+from .data import Observations
+
+__all__ = ["SVI_DEFAULTS", "fit_svi", "svi_settings"]
+
+logger = logging.getLogger(__name__)
+
+#: Library-wide SVI settings; a head's ``svi_defaults()`` overrides them, ``fit_svi``'s arguments override both.
+SVI_DEFAULTS = {
+    "num_steps": 1000,
+    "lr": 0.05,
+    "lr_decay": 1.0,
+    "batch_size": None,
+    "clip_norm": 10.0,
+    "betas": (0.9, 0.999),
+    "weight_decay": 0.0,
+    "log_every": 10,
+    "divergence_threshold": 0.25,
+    "divergence_lr_factor": 0.5,
+}
+
+
+def _head_defaults(model) -> dict:
+    method = getattr(model, "svi_defaults", None)
+    return dict(method() or {}) if method is not None else {}
+
+
+def svi_settings(model, **overrides) -> dict:
+    """The settings :func:`fit_svi` would use for ``model``: ``SVI_DEFAULTS``, then ``model.svi_defaults()``,
+    then the ``overrides`` that are not None. Raises ``ValueError`` naming an unknown or invalid setting."""
+    settings = dict(SVI_DEFAULTS)
+    head_defaults = _head_defaults(model)
+    for source, values in (("svi_defaults()", head_defaults), ("fit_svi", overrides)):
+        unknown = sorted(set(values) - set(SVI_DEFAULTS))
+        if unknown:
+            raise ValueError(f"{source} has unknown SVI settings {unknown}; known are {sorted(SVI_DEFAULTS)}")
+    settings.update(head_defaults)
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    _check_settings(settings)
+    return settings
+
+
+def _check_settings(s: dict) -> None:
+    for name in ("num_steps", "log_every"):
+        value = s[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if s["batch_size"] is not None and (
+        isinstance(s["batch_size"], bool) or not isinstance(s["batch_size"], int) or s["batch_size"] < 1
+    ):
+        raise ValueError(f"batch_size must be a positive integer or None, got {s['batch_size']!r}")
+    for name in ("lr", "clip_norm"):
+        if not _positive_finite(s[name]):
+            raise ValueError(f"{name} must be a positive finite number, got {s[name]!r}")
+    for name in ("lr_decay", "divergence_lr_factor"):
+        if not _positive_finite(s[name]) or s[name] > 1:
+            raise ValueError(f"{name} must be in (0, 1], got {s[name]!r}")
+    threshold = s["divergence_threshold"]
+    if threshold is not None and not (_positive_finite(threshold) or threshold == math.inf):
+        raise ValueError(f"divergence_threshold must be a positive number (math.inf: no guard), got {threshold!r}")
+    betas = s["betas"]
+    if len(tuple(betas)) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    decay = s["weight_decay"]
+    values = decay.values() if isinstance(decay, dict) else [decay]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values):
+        raise ValueError(f"weight_decay must be a non-negative number or a dict of them, got {decay!r}")
+
+
+def _positive_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+# -- the optimiser ---------------------------------------------------------------------------------------
+def _parameter_groups(model, weight_decay) -> list:
+    named = list(model.named_parameters())
+    if not named:
+        raise ValueError(f"model {type(model).__name__} has no parameters to fit")
+    if not isinstance(weight_decay, dict):
+        return [{"params": [p for _, p in named], "weight_decay": float(weight_decay)}]
+    short = {name[: -len("_unconstrained")] if name.endswith("_unconstrained") else name: name for name, _ in named}
+    unknown = sorted(k for k in weight_decay if k not in short and k not in short.values())
+    if unknown:
+        raise ValueError(f"weight_decay names unknown parameters {unknown}; the model has {sorted(short)}")
+    decay_of = {short.get(k, k): float(v) for k, v in weight_decay.items()}
+    groups = defaultdict(list)
+    for name, parameter in named:
+        groups[decay_of.get(name, 0.0)].append(parameter)
+    return [{"params": params, "weight_decay": decay} for decay, params in groups.items()]
+
+
+def _make_optimizer(model, settings) -> ClippedAdam:
+    return ClippedAdam(
+        _parameter_groups(model, settings["weight_decay"]),
+        lr=settings["lr"],
+        betas=tuple(settings["betas"]),
+        clip_norm=settings["clip_norm"],
+        lrd=settings["lr_decay"] ** (1.0 / settings["num_steps"]),
+    )
+
+
+# -- the loss ----------------------------------------------------------------------------------------------
+class _Loss:
+    """Per-observation negative ELBO of ``model`` on ``obs``: a training estimate and the full-data value."""
+
+    def __init__(self, model, obs: Observations, batch_size: Optional[int], jit: bool):
+        self.model = model
+        self.obs = obs
+        self.n = len(obs)
+        self.subsample_size = batch_size if batch_size is not None and batch_size < self.n else None
+        self.exact_elbo = TraceEnum_ELBO(max_plate_nesting=1)
+        self.jit = jit
+        if jit:
+            self.train_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
+            self._jit_model, self._jit_guide = _tensor_signature(model.model), _tensor_signature(model.guide)
+        else:
+            self.train_elbo = self.exact_elbo
+
+    @property
+    def full_batch(self) -> bool:
+        return self.subsample_size is None
+
+    def train(self, step: int) -> torch.Tensor:
+        """Differentiable per-observation loss of step ``step`` (a mini-batch estimate with ``batch_size``)."""
+        kwargs = dict(self.model.svi_kwargs(step))
+        if self.subsample_size is not None:
+            kwargs["subsample_size"] = self.subsample_size
+        if not self.jit:
+            return self.train_elbo.differentiable_loss(self.model.model, self.model.guide, self.obs, **kwargs) / self.n
+        args, static = _tensor_arguments(self.obs, kwargs)
+        return self.train_elbo.differentiable_loss(self._jit_model, self._jit_guide, *args, **static) / self.n
+
+    @torch.no_grad()
+    def full(self, step: int) -> float:
+        """Per-observation loss on all of ``obs``, without gradients."""
+        kwargs = self.model.svi_kwargs(step)
+        return float(self.exact_elbo.loss(self.model.model, self.model.guide, self.obs, **kwargs)) / self.n
+
+
+_OBSERVATION_FIELDS = ("keys", "values", "query", "target", "mask")
+
+
+def _tensor_arguments(obs: Observations, kwargs: dict):
+    """Split a call for ``JitTraceEnum_ELBO``: tensors go positionally (the observation fields, then the
+    numeric ``svi_kwargs`` as 0-dim tensors so that a changing KL weight does not recompile), the rest as
+    hashable keyword arguments."""
+    fields = [f for f in _OBSERVATION_FIELDS if getattr(obs, f) is not None]
+    args = [getattr(obs, f) for f in fields]
+    static = {"_fields": tuple(fields)}
+    tensor_names = []
+    for name, value in sorted(kwargs.items()):
+        if isinstance(value, (float, torch.Tensor)) and name != "subsample_size":
+            args.append(torch.as_tensor(value, dtype=torch.get_default_dtype(), device=obs.device))
+            tensor_names.append(name)
+        else:
+            static[name] = value
+    static["_tensor_kwargs"] = tuple(tensor_names)
+    return args, static
+
+
+def _tensor_signature(fn: Callable) -> Callable:
+    def call(*args, _fields, _tensor_kwargs, **kwargs):
+        fields = dict(zip(_fields, args[: len(_fields)]))
+        obs = Observations(**fields)
+        kwargs.update(zip(_tensor_kwargs, args[len(_fields) :]))
+        return fn(obs, **kwargs)
+
+    return call
+
+
+# -- training state that a checkpoint carries -------------------------------------------------------------
+def _snapshot(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _objective_key(model, step: int) -> str:
+    return repr(sorted(model.svi_kwargs(step).items()))
+
+
+class _Guard:
+    """Best full-data loss, best parameters, divergence events."""
+
+    def __init__(self, threshold: Optional[float], lr_factor: float):
+        self.threshold = None if threshold is None or threshold == math.inf else float(threshold)
+        self.lr_factor = lr_factor
+        self.best_loss = math.inf
+        self.best_step = None
+        self.best_state = None
+        self.objective = None
+        self.events = []
+
+    def observe(self, step: int, loss: float, objective: str, model) -> bool:
+        """Record the full-data ``loss`` after ``step`` steps; True if it is a divergence."""
+        if objective != self.objective:
+            self.objective, self.best_loss, self.best_step, self.best_state = objective, math.inf, None, None
+        if self.best_state is not None and self.threshold is not None:
+            if not math.isfinite(loss) or loss > self.best_loss + self.threshold:
+                return True
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"the loss is {loss} at step {step}, before any finite value to restore")
+        if loss < self.best_loss:
+            self.best_loss, self.best_step, self.best_state = loss, step, _snapshot(model)
+        return False
+
+    def recover(self, step: int, loss: float, model, optimizer) -> None:
+        """Restore the best parameters, reset Adam's moments, lower the learning rate."""
+        model.load_state_dict(self.best_state)
+        optimizer.state = defaultdict(dict)
+        for group in optimizer.param_groups:
+            group["lr"] *= self.lr_factor
+        event = {
+            "step": step,
+            "loss": loss,
+            "best_loss": self.best_loss,
+            "best_step": self.best_step,
+            "lr": optimizer.param_groups[0]["lr"],
+        }
+        self.events.append(event)
+        logger.warning(
+            "divergence at step %d: loss %.4g > best %.4g (step %d) + %.3g; best parameters restored, lr -> %.3g",
+            step, loss, self.best_loss, self.best_step, self.threshold, event["lr"],
+        )
+
+    def state(self) -> dict:
+        return {
+            "best_loss": self.best_loss,
+            "best_step": self.best_step,
+            "best_state": self.best_state,
+            "objective": self.objective,
+            "events": list(self.events),
+        }
+
+    def load(self, state: dict) -> None:
+        self.best_loss = state["best_loss"]
+        self.best_step = state["best_step"]
+        self.best_state = state["best_state"]
+        self.objective = state["objective"]
+        self.events = list(state["events"])
+
+
+def _rng_devices(device: torch.device) -> list:
+    return [device.index or 0] if device.type == "cuda" else []
+
+
+def _get_rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+# -- the fit -----------------------------------------------------------------------------------------------
+def fit_svi(
+    model,
+    obs: Observations,
+    *,
+    num_steps: Optional[int] = None,
+    lr: Optional[float] = None,
+    batch_size: Optional[int] = None,
+    val: Optional[Observations] = None,
+    seed: Optional[int] = 0,
+    progress: bool = True,
+    jit: bool = False,
+    callback: Optional[Callable] = None,
+    lr_decay: Optional[float] = None,
+    clip_norm: Optional[float] = None,
+    weight_decay: Union[None, float, dict] = None,
+    log_every: Optional[int] = None,
+    divergence_threshold: Optional[float] = None,
+    checkpoint: Union[None, str, os.PathLike] = None,
+    checkpoint_every: Optional[int] = None,
+    resume: bool = True,
+) -> pd.DataFrame:
+    """Fit ``model``'s parameters to ``obs`` by SVI on ``TraceEnum_ELBO`` (see the module docstring).
+
+    :param model: a head of this library (``model``, ``guide``, ``svi_kwargs``, ``evaluate``); fitted in place.
+    :param Observations obs: training data (moved to the model's device).
+    :param int num_steps: optimisation steps. Settings left None come from ``model.svi_defaults()`` and
+        :data:`SVI_DEFAULTS`; so do ``lr``, ``batch_size``, ``lr_decay``, ``clip_norm``, ``weight_decay``,
+        ``log_every`` and ``divergence_threshold``.
+    :param Observations val: optional held-out data, evaluated at every logged step.
+    :param seed: seed of the run's random stream (mini-batches, Monte Carlo guides). The caller's global
+        torch random state is left as it was. None draws from the global stream instead.
+    :param bool progress: show a tqdm progress bar.
+    :param bool jit: use ``JitTraceEnum_ELBO`` (traced once per mini-batch size) for the training loss.
+    :param callback: ``callback(step, model, row)`` after every logged row; returning True stops the fit.
+    :param checkpoint: optional path; the model, optimiser, random and guard state are saved there every
+        ``checkpoint_every`` steps and at the end.
+    :param int checkpoint_every: steps between checkpoints (default: ``num_steps // 10``).
+    :param bool resume: if ``checkpoint`` exists, continue from it: parameters, optimiser state, learning
+        rate, random state and guard state are restored, so the result equals that of an uninterrupted run
+        (bit for bit without ``jit``; tracing draws from the random stream when it compiles). A finished
+        checkpoint is loaded into ``model`` and its metrics are returned without training.
+    :returns: a DataFrame with one row per logged step: ``step`` (steps taken), ``loss`` (full-data loss
+        per observation), ``lr``, ``seconds`` and, with ``val``, ``val_log_likelihood`` and
+        ``val_accuracy``. ``attrs`` holds ``settings``, ``best_step``, ``best_loss``, ``final_loss`` (loss
+        of the last parameters), ``restored_best``, ``divergences`` and ``resumed_from``.
+    :raises ValueError: on empty data or an invalid setting.
+
+    Example::
+
+        >>> from pyro_multihop import ChainedAttention, transitive_task
+        >>> from pyro_multihop.train import fit_svi
+        >>> head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
+        >>> metrics = fit_svi(head, transitive_task(200, seed=0), num_steps=20, progress=False)
+        >>> list(metrics.columns)
+        ['step', 'loss', 'lr', 'seconds']
+    """
+    if not callable(getattr(model, "model", None)) or not callable(getattr(model, "guide", None)):
+        raise TypeError(f"model must be a head with model and guide methods, got {type(model).__name__}")
+    if not isinstance(obs, Observations):
+        raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
+    if len(obs) == 0:
+        raise ValueError("obs must hold at least one observation to fit, got 0")
+    model.check_observations(obs)
+    if val is not None:
+        model.check_observations(val, "val")
+        if len(val) == 0:
+            raise ValueError("val must hold at least one observation, got 0")
+    settings = svi_settings(
+        model,
+        num_steps=num_steps,
+        lr=lr,
+        batch_size=batch_size,
+        lr_decay=lr_decay,
+        clip_norm=clip_norm,
+        weight_decay=weight_decay,
+        log_every=log_every,
+        divergence_threshold=divergence_threshold,
+    )
+    if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+    device = _model_device(model)
+    obs = obs.to(device)
+    val = None if val is None else val.to(device)
+
+    with torch.random.fork_rng(devices=_rng_devices(device), enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        with pyro.get_param_store().scope():
+            return _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device)
+
+
+def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device):
+    num_steps, log_every = settings["num_steps"], settings["log_every"]
+    loss = _Loss(model, obs, settings["batch_size"], jit)
+    optimizer = _make_optimizer(model, settings)
+    guard = _Guard(settings["divergence_threshold"], settings["divergence_lr_factor"])
+    rows, start, resumed_from, elapsed_before = [], 0, None, 0.0
+    if checkpoint is not None and checkpoint_every is None:
+        checkpoint_every = max(1, num_steps // 10)
+
+    if checkpoint is not None and resume and os.path.exists(checkpoint):
+        payload = read_checkpoint(checkpoint)
+        training = payload["extra"].get("svi")
+        if training is None:
+            raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no SVI training state to resume")
+        load_parameters(model, payload)
+        if payload["optimizer"] is not None:
+            optimizer.load_state_dict(payload["optimizer"])
+        guard.load(training["guard"])
+        _set_rng_state(training["rng"], device)
+        rows = list(training["rows"])
+        start = resumed_from = int(payload["step"])
+        elapsed_before = float(training["seconds"])
+        logger.info("resuming SVI from %s at step %d", checkpoint, start)
+        if training.get("finished") and start >= num_steps:
+            return _metrics(rows, settings, guard, training["final_loss"], training["restored_best"], resumed_from)
+
+    started = time.perf_counter() - elapsed_before
+
+    def log_row(step: int, value: float) -> bool:
+        row = {"step": step, "loss": value, "lr": optimizer.param_groups[0]["lr"]}
+        if val is not None:
+            result = model.evaluate(val)
+            row["val_log_likelihood"] = result["log_likelihood"]
+            row["val_accuracy"] = result["accuracy"]
+        row["seconds"] = time.perf_counter() - started
+        rows.append(row)
+        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+        logger.debug("svi step %d: %s", step, row)
+        return bool(callback(step, model, dict(row))) if callback is not None else False
+
+    def save(step: int, finished: bool = False, final_loss=None, restored=False) -> None:
+        training = {
+            "guard": guard.state(),
+            "rng": _get_rng_state(device),
+            "rows": rows,
+            "seconds": time.perf_counter() - started,
+            "finished": finished,
+            "final_loss": final_loss,
+            "restored_best": restored,
+            "settings": _json_settings(settings),
+        }
+        save_checkpoint(checkpoint, model, optimizer, step=step, extra={"svi": training})
+
+    stopped = False
+    with tqdm(total=num_steps, initial=start, disable=not progress, desc="svi", unit="step", leave=False) as bar:
+        for step in range(start, num_steps):
+            optimizer.zero_grad(set_to_none=True)
+            objective = _objective_key(model, step)
+            training_loss = loss.train(step)
+            logged = step % log_every == 0
+            if loss.full_batch:
+                full = float(training_loss.detach())
+            elif logged:
+                full = loss.full(step)
+            else:
+                full = None
+            if full is not None and guard.observe(step, full, objective, model):
+                guard.recover(step, full, model, optimizer)
+                bar.update(1)
+                continue
+            training_loss.backward()
+            if logged and log_row(step, full):
+                stopped = True
+            optimizer.step()
+            bar.update(1)
+            if checkpoint is not None and (step + 1) % checkpoint_every == 0 and step + 1 < num_steps:
+                save(step + 1)
+            if stopped:
+                break
+        last = step + 1 if num_steps > start else start
+        final_loss = loss.full(last)
+        diverged = guard.observe(last, final_loss, _objective_key(model, last), model)
+        log_row(last, final_loss)
+    restored = False
+    if guard.best_state is not None and (diverged or guard.best_loss < final_loss):
+        model.load_state_dict(guard.best_state)
+        restored = True
+        logger.info("restored the best parameters (step %d, loss %.4g; last loss %.4g)", guard.best_step, guard.best_loss, final_loss)
+    if checkpoint is not None:
+        save(last, finished=True, final_loss=final_loss, restored=restored)
+    return _metrics(rows, settings, guard, final_loss, restored, resumed_from)
+
+
+def _json_settings(settings: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()}
+
+
+def _metrics(rows, settings, guard, final_loss, restored, resumed_from) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(
+        {
+            "settings": _json_settings(settings),
+            "best_step": guard.best_step,
+            "best_loss": guard.best_loss,
+            "final_loss": final_loss,
+            "restored_best": restored,
+            "divergences": list(guard.events),
+            "resumed_from": resumed_from,
+        }
+    )
+    return frame

@@ -1,0 +1,177 @@
+"""Checkpoints: round trips (parameters, dtype, optimiser state, extra), atomic writes, safe loading, errors."""
+
+import os
+
+import pytest
+import torch
+from pyro.optim.clipped_adam import ClippedAdam
+
+from pyro_multihop import ChainedAttention, transitive_task
+from pyro_multihop.checkpoint import (
+    MODEL_CLASSES,
+    CheckpointError,
+    load_checkpoint,
+    load_parameters,
+    read_checkpoint,
+    save_checkpoint,
+)
+
+
+def trained_head(dtype=torch.float32):
+    head = ChainedAttention(2, 12, 7, sigma2=0.2, seed=0).to(dtype)
+    optimizer = ClippedAdam(head.parameters(), lr=0.01, lrd=0.99)
+    obs = transitive_task(30, num_symbols=12, pairs=3, seed=0)
+    obs = type(obs)(obs.keys, obs.values, obs.query, obs.target % 7)
+    for _ in range(3):
+        optimizer.zero_grad()
+        (-head.log_likelihood(obs).sum()).backward()
+        optimizer.step()
+    return head, optimizer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_round_trip_restores_model_dtype_optimizer_and_extra(tmp_path, dtype):
+    head, optimizer = trained_head(dtype)
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head, optimizer, step=3, extra={"note": "hello", "history": [1.0, 2.0], "t": torch.ones(2)})
+    restored, state = load_checkpoint(path)
+    assert type(restored) is ChainedAttention and restored.config() == head.config()
+    assert restored.key_tables.dtype == dtype
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[name]), name
+    assert state["step"] == 3 and state["dtype"] == str(dtype).replace("torch.", "")
+    assert state["extra"]["note"] == "hello" and state["extra"]["history"] == [1.0, 2.0]
+    assert torch.equal(state["extra"]["t"], torch.ones(2))
+    fresh = ClippedAdam(restored.parameters(), lr=1.0)
+    fresh.load_state_dict(state["optimizer"])
+    assert fresh.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    original_moments = optimizer.state[head.key_tables_unconstrained]["exp_avg_sq"]
+    assert torch.equal(fresh.state[restored.key_tables_unconstrained]["exp_avg_sq"], original_moments)
+
+
+def test_model_without_optimizer_and_predictions_agree(tmp_path):
+    head, _ = trained_head()
+    save_checkpoint(tmp_path / "a.pt", head)
+    restored, state = load_checkpoint(tmp_path / "a.pt")
+    assert state["optimizer"] is None and state["extra"] == {} and state["step"] == 0
+    obs = transitive_task(10, num_symbols=12, pairs=3, seed=1)
+    assert torch.equal(restored.predict_proba(obs.keys, obs.values, obs.query), head.predict_proba(obs.keys, obs.values, obs.query))
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    head, _ = trained_head()
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head, step=1)
+    save_checkpoint(path, head, step=2)  # overwrite in place
+    assert read_checkpoint(path)["step"] == 2
+    assert sorted(os.listdir(tmp_path)) == ["head.pt"]
+
+    def broken_save(obj, stream, *args, **kwargs):
+        stream.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, head, step=3)
+    assert sorted(os.listdir(tmp_path)) == ["head.pt"]  # no temporary file left behind
+    assert read_checkpoint(path)["step"] == 2
+
+
+class _Gadget:
+    """Not a tensor or a plain container: ``torch.load(weights_only=True)`` must refuse it."""
+
+
+def test_loading_is_weights_only(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "pyro-multihop-checkpoint", "gadget": _Gadget()}, path)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (None, "does not exist"),
+        (b"this is not a checkpoint", "not a readable checkpoint"),
+        ({"some": "dict"}, "not a pyro-multihop checkpoint"),
+        ({"format": "pyro-multihop-checkpoint", "version": 99}, "version"),
+        ({"format": "pyro-multihop-checkpoint", "version": 1, "model_class": "ChainedAttention"}, "lacks"),
+    ],
+    ids=["missing", "garbage", "foreign", "version", "incomplete"],
+)
+def test_bad_files_raise_checkpoint_error(tmp_path, content, match):
+    path = tmp_path / "file.pt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        torch.save(content, path)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(path)
+    assert issubclass(CheckpointError, ValueError)
+
+
+def test_unknown_class_and_bad_config(tmp_path):
+    head, _ = trained_head()
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head)
+    payload = read_checkpoint(path)
+    payload["model_class"] = "NoSuchHead"
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="NoSuchHead"):
+        load_checkpoint(path)
+    payload["model_class"] = "ChainedAttention"
+    payload["config"] = {"n_hops": 0, "num_symbols": 12, "num_targets": 7}
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError, match="cannot rebuild"):
+        load_checkpoint(path)
+
+
+def test_load_parameters_checks_class_and_config(tmp_path):
+    head, _ = trained_head()
+    save_checkpoint(tmp_path / "head.pt", head)
+    payload = read_checkpoint(tmp_path / "head.pt")
+    with pytest.raises(CheckpointError, match="configuration"):
+        load_parameters(ChainedAttention(2, 12, 7, sigma2=0.3), payload)
+    other = ChainedAttention(2, 12, 7, sigma2=0.2, seed=5)
+    load_parameters(other, payload)
+    assert torch.equal(other.key_tables, head.key_tables)
+
+
+def test_save_rejects_unregistered_models_and_missing_folders(tmp_path):
+    class Custom(ChainedAttention):
+        pass
+
+    with pytest.raises(CheckpointError, match="must be one of"):
+        save_checkpoint(tmp_path / "x.pt", Custom(1, 3, 3))
+    with pytest.raises(CheckpointError, match="folder"):
+        save_checkpoint(tmp_path / "no" / "such" / "x.pt", ChainedAttention(1, 3, 3))
+
+
+def test_loading_leaves_the_global_rng_alone(tmp_path):
+    head, _ = trained_head()
+    save_checkpoint(tmp_path / "head.pt", head)
+    state = torch.get_rng_state()
+    load_checkpoint(tmp_path / "head.pt")
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_tied_head_round_trip(tmp_path):
+    tied = pytest.importorskip("pyro_multihop.models.tied")
+    head = tied.TiedEmbeddingAttention(10, 3, 10, seed=0).double()
+    with torch.no_grad():
+        head.emission_logits_unconstrained.normal_()
+    save_checkpoint(tmp_path / "tied.pt", head)
+    restored, state = load_checkpoint(tmp_path / "tied.pt")
+    assert type(restored).__name__ == "TiedEmbeddingAttention" and state["dtype"] == "float64"
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[name]), name
+    assert "TiedEmbeddingAttention" in MODEL_CLASSES
+
+
+def test_checkpoint_is_a_plain_dictionary(tmp_path):
+    head, optimizer = trained_head()
+    save_checkpoint(tmp_path / "head.pt", head, optimizer, step=4)
+    payload = torch.load(tmp_path / "head.pt", weights_only=True)
+    assert payload["format"] == "pyro-multihop-checkpoint" and payload["version"] == 1
+    assert payload["model_class"] == "ChainedAttention" and payload["config"] == head.config()
+    assert set(payload) == {"format", "version", "model_class", "config", "dtype", "state_dict", "optimizer", "step", "extra"}

@@ -1,0 +1,184 @@
+"""The pyro-multihop command end to end on a small task (in-process through main), its errors, and one real
+subprocess call of the installed console script."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from pyro_multihop.checkpoint import load_checkpoint
+from pyro_multihop.cli import main
+
+COMMANDS = ["simulate", "train", "evaluate", "predict", "inspect"]
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("task")
+    train, test = folder / "train.csv", folder / "test.parquet"
+    assert main(["simulate", "-n", "150", "--seed", "0", "--out", str(train)]) == 0
+    assert main(["simulate", "-n", "60", "--seed", "1", "--out", str(test)]) == 0
+    return folder, train, test
+
+
+def one_error_line(capsys, code):
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured.err
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+def test_simulate_writes_a_task_file(tmp_path, capsys):
+    out = tmp_path / "chain.csv"
+    assert main(["simulate", "--task", "chain", "--hops", "3", "-n", "20", "--pairs", "4", "--out", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert len(frame) == 20 and "key_11" in frame.columns and "key_12" not in frame.columns
+    assert "wrote 20 observations" in capsys.readouterr().out
+    assert main(["simulate", "--task", "induction", "-n", "5", "--seq-len", "6", "--out", str(tmp_path / "i.csv")]) == 0
+
+
+def test_train_svi_evaluate_predict_inspect(task, tmp_path, capsys):
+    folder, train, test = task
+    run = tmp_path / "svi"
+    code = main(["train", "--data", str(train), "--val", str(test), "--steps", "20", "--log-every", "5",
+                 "--no-progress", "--out", str(run)])
+    assert code == 0
+    for name in ("checkpoint.pt", "metrics.csv", "loss.png", "accuracy.png", "summary.json"):
+        assert (run / name).is_file(), name
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert metrics["step"].tolist() == [0, 5, 10, 15, 20]
+    assert {"loss", "val_accuracy", "val_log_likelihood"} <= set(metrics.columns)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["model"] == "ChainedAttention" and summary["settings"]["num_steps"] == 20
+    model, state = load_checkpoint(run / "checkpoint.pt")
+    assert state["step"] == 20 and state["optimizer"] is not None
+    capsys.readouterr()
+
+    assert main(["evaluate", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(test),
+                 "--out", str(run / "heldout.json")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["n"] == 60 and 0 <= printed["accuracy"] <= 1
+    assert printed["log_likelihood"] == pytest.approx(summary["val"]["log_likelihood"], rel=1e-6)
+    assert json.loads((run / "heldout.json").read_text()) == printed
+
+    predictions = tmp_path / "predictions.csv"
+    assert main(["predict", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(test), "--out", str(predictions)]) == 0
+    frame = pd.read_csv(predictions)
+    assert len(frame) == 60
+    assert {"row", "query", "target", "predicted", "p_predicted", "p_target", "map_hop_1", "map_hop_2", "prob_29"} <= set(frame.columns)
+    probabilities = frame[[f"prob_{t}" for t in range(30)]].to_numpy()
+    assert probabilities.sum(1) == pytest.approx(1.0, abs=1e-4)
+    assert (frame["predicted"] == probabilities.argmax(1)).all()
+    assert frame["map_hop_1"].between(0, 9).all()
+
+    figures = tmp_path / "figures"
+    assert main(["inspect", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(test), "--rows", "0", "5",
+                 "--out", str(figures)]) == 0
+    assert sorted(p.name for p in figures.iterdir()) == ["emission.png", "hop_marginals.png", "key_tables.png"]
+
+
+def test_train_em_and_predict_without_targets(task, tmp_path, capsys):
+    folder, train, test = task
+    run = tmp_path / "em"
+    assert main(["train", "--data", str(train), "--val", str(test), "--method", "em", "--steps", "5", "--out", str(run)]) == 0
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert metrics["step"].iloc[0] == 0 and len(metrics) <= 6 and "val_accuracy" in metrics.columns
+    model, state = load_checkpoint(run / "checkpoint.pt")
+    assert state["extra"]["method"] == "em" and state["optimizer"] is None
+
+    no_target = tmp_path / "context_only.csv"
+    pd.read_parquet(test).drop(columns=["target"]).to_csv(no_target, index=False)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(no_target), "--out", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert "target" not in frame.columns and "p_target" not in frame.columns and "map_hop_2" in frame.columns
+
+
+def test_train_resume_continues_the_checkpoint(task, tmp_path):
+    folder, train, _ = task
+    run = tmp_path / "run"
+    base = ["train", "--data", str(train), "--steps", "12", "--batch-size", "50", "--checkpoint-every", "4",
+            "--no-progress", "--out", str(run)]
+    assert main(base) == 0
+    first = load_checkpoint(run / "checkpoint.pt")[0]
+    assert main(base + ["--resume"]) == 0  # the finished run comes back unchanged
+    again = load_checkpoint(run / "checkpoint.pt")[0]
+    assert torch.equal(first.key_tables, again.key_tables)
+
+
+def test_tied_model_trains_and_inspects(task, tmp_path):
+    pytest.importorskip("pyro_multihop.models.tied")
+    folder, train, test = task
+    run = tmp_path / "tied"
+    assert main(["train", "--data", str(train), "--model", "tied", "--embed-dim", "4", "--steps", "6",
+                 "--no-progress", "--out", str(run)]) == 0
+    assert main(["inspect", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(run / "figures")]) == 0
+    assert sorted(p.name for p in (run / "figures").iterdir()) == ["embeddings.png", "emission.png"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_of_every_command(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: pyro-multihop {command}") and "--help" in out
+
+
+def test_errors_are_one_line(task, tmp_path, capsys):
+    folder, train, test = task
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    bad_csv = tmp_path / "bad.csv"
+    bad_csv.write_text("query,target\n1,2\n")
+    big_symbols = tmp_path / "big.csv"
+    main(["simulate", "-n", "5", "--symbols", "40", "--out", str(big_symbols)])
+    ckpt = tmp_path / "svi" / "checkpoint.pt"
+    main(["train", "--data", str(train), "--steps", "2", "--no-progress", "--out", str(ckpt.parent)])
+    capsys.readouterr()
+    cases = [
+        (["train", "--data", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x")], "does not exist"),
+        (["train", "--data", str(train), "--steps", "-3", "--out", str(tmp_path / "x")], "--steps"),
+        (["train", "--data", str(train), "--model", "nope", "--out", str(tmp_path / "x")], "--model"),
+        (["train", "--data", str(bad_csv), "--out", str(tmp_path / "x")], "key_0"),
+        (["train", "--data", str(train), "--device", "warp-drive", "--out", str(tmp_path / "x")], "device"),
+        (["train", "--data", str(train), "--method", "em", "--lr", "0.1", "--out", str(tmp_path / "x")], "svi only"),
+        (["simulate", "--out", str(tmp_path / "data.txt")], ".csv or .parquet"),
+        (["evaluate", "--checkpoint", str(garbage), "--data", str(test)], "not a readable checkpoint"),
+        (["evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--data", str(test)], "does not exist"),
+        (["evaluate", "--checkpoint", str(ckpt), "--data", str(big_symbols)], "does not fit"),
+        (["predict", "--checkpoint", str(ckpt), "--data", str(test), "--out", str(tmp_path / "p.json")], ".csv"),
+        (["inspect", "--checkpoint", str(ckpt), "--data", str(test), "--rows", "500", "--out", str(tmp_path / "f")], "--rows"),
+        ([], "COMMAND"),
+    ]
+    for argv, fragment in cases:
+        line = one_error_line(capsys, main(argv))
+        assert fragment in line, (argv, line)
+
+
+def test_console_script_help_runs_as_a_subprocess():
+    script = Path(sys.executable).with_name("pyro-multihop")
+    command = [str(script)] if script.exists() else [shutil.which("pyro-multihop")]
+    if command[0] is None:
+        pytest.skip("the pyro-multihop console script is not installed")
+    result = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: pyro-multihop") and all(c in result.stdout for c in COMMANDS)
+
+
+def test_demo_script_smoke(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, str(root / "scripts" / "demo.py"), "--smoke", "--out", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"outputs in {tmp_path / 'demo'}" in result.stdout
+    table = pd.read_csv(tmp_path / "demo" / "comparison.csv")
+    assert table["method"].tolist() == ["SVI", "EM", "generating structure"]
+    for name in ("comparison.png", "svi/heldout.json", "em/heldout.json", "svi/figures/hop_marginals.png", "em/predictions.csv"):
+        assert (tmp_path / "demo" / name).is_file(), name

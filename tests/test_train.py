@@ -1,0 +1,267 @@
+"""fit_svi: metrics, settings, seeding, mini-batch scaling, the divergence guard, resuming, jit, the
+learning defaults on the transitive task, and the stability benchmark at smoke size."""
+
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyro
+import pytest
+import torch
+
+from pyro_multihop import ChainedAttention, transitive_task
+from pyro_multihop.train import SVI_DEFAULTS, _Loss, fit_svi, svi_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def small_head(seed=0, **kwargs):
+    return ChainedAttention(2, 30, 30, sigma2=0.1, seed=seed, **kwargs)
+
+
+def exact_loss(head, obs) -> float:
+    with torch.no_grad():
+        return float(-head.log_likelihood(obs).mean())
+
+
+def test_metrics_rows_columns_and_attrs():
+    obs, val = transitive_task(120, seed=0), transitive_task(60, seed=1)
+    head = small_head()
+    initial = exact_loss(head, obs)
+    metrics = fit_svi(head, obs, num_steps=25, log_every=10, val=val, progress=False)
+    assert list(metrics.columns) == ["step", "loss", "lr", "val_log_likelihood", "val_accuracy", "seconds"]
+    assert metrics["step"].tolist() == [0, 10, 20, 25]
+    assert metrics["loss"].iloc[0] == pytest.approx(initial, rel=1e-5)  # full-batch loss = exact NLL per observation
+    assert metrics["loss"].iloc[-1] == pytest.approx(exact_loss(head, obs), rel=1e-5)
+    assert metrics["loss"].iloc[-1] < metrics["loss"].iloc[0]
+    assert metrics["seconds"].is_monotonic_increasing
+    assert metrics["lr"].iloc[0] == pytest.approx(metrics.attrs["settings"]["lr"])
+    assert metrics["lr"].is_monotonic_decreasing
+    attrs = metrics.attrs
+    assert attrs["divergences"] == [] and attrs["resumed_from"] is None
+    assert attrs["best_loss"] <= metrics["loss"].min() + 1e-12
+    assert attrs["final_loss"] == pytest.approx(metrics["loss"].iloc[-1])
+
+
+def test_settings_merge_head_defaults_and_arguments():
+    head = small_head()
+    settings = svi_settings(head, lr=0.01)
+    assert settings["lr"] == 0.01
+    assert set(settings) == set(SVI_DEFAULTS)
+    assert settings["weight_decay"] == {"key_tables": pytest.approx(3e-3)}  # the chained head's measured default
+
+
+class _Fussy(ChainedAttention):
+    def svi_defaults(self):
+        return {"num_steps": 3, "bogus": 1}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_steps": 0}, "num_steps"),
+        ({"lr": -1.0}, "lr"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"lr_decay": 2.0}, "lr_decay"),
+        ({"weight_decay": {"no_such_parameter": 1e-3}}, "no_such_parameter"),
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+    ],
+    ids=lambda value: str(value) if isinstance(value, str) else "-".join(value),
+)
+def test_invalid_settings_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fit_svi(small_head(), transitive_task(20, seed=0), progress=False, **kwargs)
+
+
+def test_unknown_head_default_is_named():
+    fussy = _Fussy(2, 30, 30, seed=0)
+    with pytest.raises(ValueError, match="bogus"):
+        fit_svi(fussy, transitive_task(20, seed=0), progress=False)
+
+
+def test_empty_data_raises():
+    empty = transitive_task(10, seed=0)[torch.zeros(0, dtype=torch.long)]
+    assert len(empty) == 0
+    with pytest.raises(ValueError, match="at least one observation"):
+        fit_svi(small_head(), empty, progress=False)
+    with pytest.raises(ValueError, match="val"):
+        fit_svi(small_head(), transitive_task(10, seed=0), val=empty, progress=False)
+
+
+def test_bad_types_raise():
+    with pytest.raises(TypeError, match="Observations"):
+        fit_svi(small_head(), [1, 2, 3], progress=False)
+    with pytest.raises(TypeError, match="model"):
+        fit_svi(object(), transitive_task(10, seed=0), progress=False)
+    with pytest.raises(ValueError, match="num_symbols"):
+        fit_svi(ChainedAttention(2, 5, 30), transitive_task(10, seed=0), progress=False)
+
+
+def test_seeded_run_is_reproducible_and_leaves_global_rng_alone():
+    obs = transitive_task(80, seed=0)
+    state = torch.get_rng_state()
+    heads = [small_head(seed=0) for _ in range(3)]
+    for head, seed in zip(heads, (5, 5, 6)):
+        fit_svi(head, obs, num_steps=15, batch_size=16, seed=seed, progress=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(heads[0].key_tables, heads[1].key_tables)
+    assert not torch.equal(heads[0].key_tables, heads[2].key_tables)  # other mini-batches
+
+
+def test_minibatch_loss_is_scaled_to_the_full_data():
+    # 40 copies of one observation: every mini-batch has the full-data loss per observation exactly.
+    one = transitive_task(1, seed=3)
+    copies = one[torch.zeros(40, dtype=torch.long)]
+    head = small_head()
+    before = exact_loss(head, copies)
+    seen = []
+
+    class Spy(ChainedAttention):
+        def model(self, obs, subsample_size=None):
+            seen.append(subsample_size)
+            return super().model(obs, subsample_size=subsample_size)
+
+    spy = Spy(2, 30, 30, seed=0)
+    metrics = fit_svi(spy, copies, num_steps=1, batch_size=8, progress=False)
+    assert 8 in seen
+    assert metrics["loss"].iloc[0] == pytest.approx(before, rel=1e-6)
+    with pyro.get_param_store().scope():
+        estimate = float(_Loss(head, copies, 8, jit=False).train(0).detach())
+    assert estimate == pytest.approx(before, rel=1e-6)
+
+
+def test_divergence_guard_restores_best_and_lowers_lr(caplog):
+    obs = transitive_task(100, seed=0)
+    head = small_head()
+
+    def sabotage(step, model, row):
+        if step == 20:
+            with torch.no_grad():
+                model.emission_logits_unconstrained.mul_(-3.0)  # the emission now avoids the right targets
+
+    with caplog.at_level(logging.WARNING, logger="pyro_multihop.train"):
+        metrics = fit_svi(head, obs, num_steps=40, log_every=10, callback=sabotage, progress=False)
+    events = metrics.attrs["divergences"]
+    assert [e["step"] for e in events] == [21]
+    assert events[0]["best_step"] == 20 and events[0]["loss"] > events[0]["best_loss"] + 0.25
+    assert events[0]["lr"] == pytest.approx(metrics["lr"].iloc[2] * 0.5 * (0.1 ** (1 / 40)), rel=1e-6)
+    assert "divergence at step 21" in caplog.text
+    assert metrics["loss"].iloc[-1] <= events[0]["best_loss"]  # recovered from the restored parameters
+
+
+def test_best_parameters_restored_at_the_end():
+    obs = transitive_task(100, seed=0)
+    head = small_head()
+
+    def sabotage(step, model, row):
+        if step == 20:
+            with torch.no_grad():
+                model.emission_logits_unconstrained.mul_(-3.0)
+
+    metrics = fit_svi(head, obs, num_steps=30, log_every=10, callback=sabotage, divergence_threshold=math.inf, progress=False)
+    attrs = metrics.attrs
+    assert attrs["divergences"] == [] and attrs["restored_best"]
+    assert attrs["best_step"] == 20 and attrs["final_loss"] > attrs["best_loss"]
+    assert exact_loss(head, obs) == pytest.approx(attrs["best_loss"], rel=1e-5)
+
+
+def test_callback_can_stop_early():
+    metrics = fit_svi(small_head(), transitive_task(50, seed=0), num_steps=100, log_every=5,
+                      callback=lambda step, model, row: step >= 10, progress=False)
+    assert metrics["step"].tolist() == [0, 5, 10, 11]
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    obs, val = transitive_task(90, seed=0), transitive_task(30, seed=1)
+    settings = dict(num_steps=30, batch_size=16, log_every=5, val=val, seed=3, progress=False, checkpoint_every=10)
+
+    straight = small_head(seed=0)
+    expected = fit_svi(straight, obs, checkpoint=tmp_path / "straight.pt", **settings)
+
+    def crash(step, model, row):
+        if step == 25:
+            raise _Interrupt
+
+    interrupted = small_head(seed=0)
+    with pytest.raises(_Interrupt):
+        fit_svi(interrupted, obs, checkpoint=tmp_path / "resumed.pt", callback=crash, **settings)
+    resumed = small_head(seed=7)  # other initial values: everything must come from the checkpoint
+    result = fit_svi(resumed, obs, checkpoint=tmp_path / "resumed.pt", **settings)
+
+    assert result.attrs["resumed_from"] == 20
+    for name, value in straight.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    columns = ["step", "loss", "lr", "val_log_likelihood", "val_accuracy"]
+    pd.testing.assert_frame_equal(result[columns], expected[columns])
+    # A finished checkpoint is returned as is.
+    again = fit_svi(small_head(seed=9), obs, checkpoint=tmp_path / "resumed.pt", **settings)
+    pd.testing.assert_frame_equal(again[columns], expected[columns])
+
+
+def test_jit_matches_the_interpreted_loss():
+    obs = transitive_task(60, seed=0)
+    plain, traced = small_head(seed=0), small_head(seed=0)
+    a = fit_svi(plain, obs, num_steps=6, log_every=3, progress=False)
+    b = fit_svi(traced, obs, num_steps=6, log_every=3, progress=False, jit=True)
+    assert torch.allclose(plain.key_tables, traced.key_tables, atol=1e-5)
+    assert a["loss"].tolist() == pytest.approx(b["loss"].tolist(), rel=1e-5)
+
+
+def test_progress_bar_goes_to_stderr(capsys):
+    fit_svi(small_head(), transitive_task(20, seed=0), num_steps=3, progress=True)
+    captured = capsys.readouterr()
+    assert captured.out == "" and "svi" in captured.err
+
+
+def test_tied_head_with_kl_annealing():
+    tied = pytest.importorskip("pyro_multihop.models.tied")
+    obs = transitive_task(60, num_symbols=12, pairs=3, seed=0)
+    head = tied.TiedEmbeddingAttention(12, 4, 12, seed=0)
+    metrics = fit_svi(head, obs, num_steps=12, batch_size=30, log_every=4, val=obs, progress=False)
+    assert metrics["step"].tolist() == [0, 4, 8, 12]
+    assert all(math.isfinite(v) for v in metrics["loss"])
+    assert metrics.attrs["divergences"] == []
+
+
+def test_defaults_reach_the_generating_structure():
+    """The learning test: the library's defaults, untouched, from the default initialisation, on the
+    transitive task at full size (2000 observations, one seed); measured on 3 seeds and against plain Adam
+    by ``benchmarks/svi_stability.py``."""
+    train = transitive_task(2000, seed=0)
+    test = transitive_task(20000, seed=12345)
+    eye = torch.eye(30)
+    truth = ChainedAttention(2, 30, 30, 0.1, key_tables=eye.expand(2, 30, 30), emission=eye)
+    head = small_head(seed=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: one thread is fastest and immune to a busy machine
+    try:
+        metrics = fit_svi(head, train, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    attrs = metrics.attrs
+    assert attrs["divergences"] == []
+    assert attrs["final_loss"] <= 1.01 * attrs["best_loss"]
+    assert attrs["final_loss"] < -truth.evaluate(train)["log_likelihood"]  # fits the training data at least as well
+    assert head.evaluate(test)["accuracy"] >= truth.evaluate(test)["accuracy"] - 0.01
+
+
+def test_stability_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "svi_stability.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    table = pd.read_csv(tmp_path / "svi_stability.csv")
+    assert set(table["run"]) == {"defaults", "plain-adam"}
+    assert {"heldout_accuracy", "generating_heldout_accuracy", "last_loss", "best_loss"} <= set(table.columns)
+    traces = pd.read_csv(tmp_path / "svi_stability_traces.csv")
+    assert {"grad_norm_hop1", "table_norm_hop2", "adam_step_over_lr_median"} <= set(traces.columns)
+    assert "| run | init |" in (tmp_path / "svi_stability.md").read_text()
