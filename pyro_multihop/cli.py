@@ -24,7 +24,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 __all__ = ["main"]
 
@@ -44,34 +44,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- argument types ----------------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_parser(kind: type, description: str, accept: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse ``type``: parse ``text`` as ``kind`` and check it, with one-line errors."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {description}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {description}, got {text!r}")
+        return value
+
+    parse.__name__ = description.replace(" ", "_")
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int = _number_parser(int, "a positive integer", lambda value: value >= 1)
+_nonnegative_int = _number_parser(int, "a non-negative integer", lambda value: value >= 0)
+_positive_float = _number_parser(float, "a positive number", lambda value: math.isfinite(value) and value > 0)
 
 
 def _nonnegative_float(text: str) -> float:

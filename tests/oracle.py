@@ -105,3 +105,21 @@ def log_likelihood_autograd(query_vectors, key_vectors, value_vectors, sigma2, e
             total = total + prob * emission[values[row, path[-1]], target[row]]
         results.append(torch.log(total))
     return torch.stack(results)
+
+
+def random_observations(n, num_symbols, num_targets, context, seed=1, masked=False):
+    """Uniformly random observations (seeded); with ``masked``, about 30% padding, position 0 always real."""
+    from pyro_multihop import Observations
+
+    generator = torch.Generator().manual_seed(seed)
+    mask = None
+    if masked:
+        mask = torch.rand(n, context, generator=generator) > 0.3
+        mask[:, 0] = True
+    return Observations(
+        torch.randint(num_symbols, (n, context), generator=generator),
+        torch.randint(num_symbols, (n, context), generator=generator),
+        torch.randint(num_symbols, (n,), generator=generator),
+        torch.randint(num_targets, (n,), generator=generator),
+        mask,
+    )

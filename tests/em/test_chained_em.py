@@ -35,18 +35,7 @@ def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64, scale=1.0):
 
 
 def random_obs(n=6, seed=1, masked=False, context=N):
-    generator = torch.Generator().manual_seed(seed)
-    mask = None
-    if masked:
-        mask = torch.rand(n, context, generator=generator) > 0.3
-        mask[:, 0] = True
-    return Observations(
-        torch.randint(S, (n, context), generator=generator),
-        torch.randint(S, (n, context), generator=generator),
-        torch.randint(S, (n,), generator=generator),
-        torch.randint(T, (n,), generator=generator),
-        mask,
-    )
+    return oracle.random_observations(n, S, T, context, seed, masked)
 
 
 def concat(*parts):

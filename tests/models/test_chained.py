@@ -28,18 +28,7 @@ def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64):
 
 
 def random_obs(n=6, seed=1, masked=False):
-    generator = torch.Generator().manual_seed(seed)
-    mask = None
-    if masked:
-        mask = torch.rand(n, N, generator=generator) > 0.3
-        mask[:, 0] = True
-    return Observations(
-        torch.randint(S, (n, N), generator=generator),
-        torch.randint(S, (n, N), generator=generator),
-        torch.randint(S, (n,), generator=generator),
-        torch.randint(T, (n,), generator=generator),
-        mask,
-    )
+    return oracle.random_observations(n, S, T, N, seed, masked)
 
 
 def brute_force(head, obs):

@@ -19,13 +19,6 @@ from pyro_multihop.train import fit_svi, svi_settings
 S, D, T, N = 5, 3, 4, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is as fast alone and far faster on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def random_head(hops=2, seed=0, sigma2=0.6, dtype=torch.float64, **kwargs):
@@ -44,18 +37,7 @@ def random_head(hops=2, seed=0, sigma2=0.6, dtype=torch.float64, **kwargs):
 
 
 def random_obs(n=6, seed=1, masked=False):
-    generator = torch.Generator().manual_seed(seed)
-    mask = None
-    if masked:
-        mask = torch.rand(n, N, generator=generator) > 0.3
-        mask[:, 0] = True
-    return Observations(
-        torch.randint(S, (n, N), generator=generator),
-        torch.randint(S, (n, N), generator=generator),
-        torch.randint(S, (n,), generator=generator),
-        torch.randint(T, (n,), generator=generator),
-        mask,
-    )
+    return oracle.random_observations(n, S, T, N, seed, masked)
 
 
 def tied_vectors(embeddings, obs, hops):
