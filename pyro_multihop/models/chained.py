@@ -74,9 +74,10 @@ class ChainedAttention(HopAttentionHead):
     :param float sigma2: gate variance (attention temperature), positive.
     :param key_tables: optional ``(L, S, S)`` initial key tables; default ``init``.
     :param emission: optional ``(S, T)`` row-stochastic initial emission; default uniform.
-    :param str init: default key tables when none are given: ``"identity"`` (each symbol's key is its
-        own one-hot, plus ``init_noise``), ``"random"`` (uniform in ``[0, 1)`` rows normalised, the
-        scale of the EM reference's first M-step) or ``"zeros"``.
+    :param str init: key tables when none are given: ``"random"`` (the default: uniform in ``[0, 1)``,
+        rows normalised, the scale of the EM reference's first M-step), ``"identity"`` (each symbol's key
+        is its own one-hot, plus ``init_noise``: the answer of every task in :mod:`pyro_multihop.data`,
+        so use it to start at a known structure, not to test learning) or ``"zeros"``.
     :param float init_noise: standard deviation of the noise added to ``"identity"`` tables.
     :param seed: seed of the initial key tables (None: torch's global generator).
 
@@ -102,7 +103,7 @@ class ChainedAttention(HopAttentionHead):
         *,
         key_tables=None,
         emission=None,
-        init: str = "identity",
+        init: str = "random",
         init_noise: float = 0.1,
         seed: Optional[int] = None,
     ):
