@@ -36,7 +36,7 @@ import torch
 
 from ..data import Observations
 from ..guides.annealing import LinearAnnealing
-from ..hop_chain import chain_log_likelihood, chain_posterior, last_hop_prior
+from ..hop_chain import chain_log_likelihood, chain_posterior
 from ..models.base import check_positive_int, check_sigma2
 from ..models.tied import TiedEmbeddingAttention, embedding_gate_chain
 from .chained import ConvergenceWarning
@@ -255,28 +255,16 @@ class TiedEmbeddingVEM:
             seed=self.seed,
         )
 
-    def _chain(self, obs: Observations):
-        return embedding_gate_chain(self.means_, obs.keys, obs.values, obs.query, obs.mask, self.sigma2, self.n_hops)
-
+    # Plug-in inference at the posterior means is the head's: one implementation, not a copy.
     def log_likelihood(self, obs: Observations) -> torch.Tensor:
         """``(n,)`` plug-in ``log p(target | context, query)`` at the posterior means."""
         self._check_fitted()
-        self._check_observations(obs)
-        log_emission = self.emission_.log()[obs.values, obs.target.unsqueeze(-1)]
-        return chain_log_likelihood(self._chain(obs), log_emission)
+        return self.to_head().log_likelihood(self._check_observations(obs)).detach()
 
     def predict_proba(self, keys, values=None, query=None, mask=None) -> torch.Tensor:
         """``(n, T)`` plug-in predictive at the posterior means; takes arrays or an :class:`Observations`."""
         self._check_fitted()
-        if isinstance(keys, Observations):
-            obs = keys
-            obs.check_sizes(self.num_symbols, self.num_targets)
-        else:
-            query_tensor = torch.as_tensor(query)
-            obs = Observations(keys, values, query, torch.zeros_like(query_tensor, dtype=torch.long), mask)
-            obs.check_sizes(self.num_symbols, None)
-        weights = last_hop_prior(self._chain(obs))
-        return torch.einsum("ni,nit->nt", weights, self.emission_[obs.values])
+        return self.to_head().predict_proba(keys, values, query, mask).detach()
 
     def score(self, obs: Observations) -> float:
         """Mean plug-in log-likelihood per observation."""
@@ -285,13 +273,7 @@ class TiedEmbeddingVEM:
     def evaluate(self, obs: Observations) -> dict:
         """``{"log_likelihood": mean, "accuracy": argmax accuracy, "n": n}``, as the heads report it."""
         self._check_fitted()
-        self._check_observations(obs)
-        predicted = self.predict_proba(obs).argmax(-1)
-        return {
-            "log_likelihood": self.score(obs),
-            "accuracy": float((predicted == obs.target).double().mean()),
-            "n": len(obs),
-        }
+        return self.to_head().evaluate(self._check_observations(obs))
 
 
 def _detach_chain(chain):

@@ -126,10 +126,18 @@ def test_predictions_need_a_fit_and_agree_with_the_head():
         vem.fit(obs)
     head = vem.to_head()
     assert isinstance(head, TiedEmbeddingAttention)
-    assert torch.allclose(vem.predict_proba(obs.keys, obs.values, obs.query), head.predict_proba(obs), atol=1e-6)
-    assert torch.allclose(vem.log_likelihood(obs), head.log_likelihood(obs), atol=1e-5)
-    assert vem.evaluate(obs)["accuracy"] == pytest.approx(head.evaluate(obs)["accuracy"])
-    assert vem.score(obs) == pytest.approx(float(head.log_likelihood(obs).detach().mean()), abs=1e-5)
+    assert torch.equal(head.embeddings()[0], vem.means_)
+    # Against brute force over every hop path, at the posterior means.
+    means, emission = vem.means_.double(), vem.emission_.double()
+    tables = oracle.enumerate_paths(
+        means[obs.query], [means[obs.keys]] * vem.n_hops, means[obs.values], vem.sigma2, emission, obs.values, obs.target
+    )
+    expected = oracle.summarise(tables, N, emission=emission, values=obs.values)
+    assert torch.allclose(vem.predict_proba(obs.keys, obs.values, obs.query).double(), expected["predictive"], atol=1e-6)
+    assert torch.allclose(vem.log_likelihood(obs).double(), expected["log_likelihood"], atol=1e-5)
+    accuracy = float((expected["predictive"].argmax(-1) == obs.target).double().mean())
+    assert vem.evaluate(obs)["accuracy"] == pytest.approx(accuracy)
+    assert vem.score(obs) == pytest.approx(float(expected["log_likelihood"].mean()), abs=1e-5)
 
 
 @pytest.mark.parametrize(
