@@ -63,16 +63,7 @@ def _number_parser(kind: type, description: str, accept: Callable[[float], bool]
 _positive_int = _number_parser(int, "a positive integer", lambda value: value >= 1)
 _nonnegative_int = _number_parser(int, "a non-negative integer", lambda value: value >= 0)
 _positive_float = _number_parser(float, "a positive number", lambda value: math.isfinite(value) and value > 0)
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return value
+_nonnegative_float = _number_parser(float, "a non-negative number", lambda value: math.isfinite(value) and value >= 0)
 
 
 def _data_path(text: str) -> Path:
