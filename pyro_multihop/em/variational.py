@@ -37,25 +37,13 @@ import torch
 from ..data import Observations
 from ..guides.annealing import LinearAnnealing
 from ..hop_chain import chain_log_likelihood, chain_posterior
-from ..models.base import check_positive_int, check_sigma2
+from ..checks import check_number, check_positive_int, check_sigma2
 from ..models.tied import TiedEmbeddingAttention, embedding_gate_chain
 from .chained import ConvergenceWarning
 
 __all__ = ["TiedEmbeddingVEM"]
 
 logger = logging.getLogger(__name__)
-
-
-def _check_number(name: str, value, lower: float, strict: bool) -> float:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a finite number, got {value!r}") from None
-    if not math.isfinite(number) or number < lower or (strict and number == lower):
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lower}, got {value!r}")
-    return number
 
 
 class TiedEmbeddingVEM:
@@ -126,11 +114,11 @@ class TiedEmbeddingVEM:
         check_sigma2(self.sigma2)
         if isinstance(self.anneal_iters, bool) or not isinstance(self.anneal_iters, int) or self.anneal_iters < 0:
             raise ValueError(f"anneal_iters must be a non-negative integer, got {self.anneal_iters!r}")
-        _check_number("lr", self.lr, 0.0, strict=True)
-        _check_number("emission_smoothing", self.emission_smoothing, 0.0, strict=True)
-        _check_number("init_loc_scale", self.init_loc_scale, 0.0, strict=False)
-        _check_number("init_log_var", self.init_log_var, -math.inf, strict=True)
-        _check_number("tol", self.tol, 0.0, strict=False)
+        check_number("lr", self.lr, 0.0, strict=True)
+        check_number("emission_smoothing", self.emission_smoothing, 0.0, strict=True)
+        check_number("init_loc_scale", self.init_loc_scale, 0.0, strict=False)
+        check_number("init_log_var", self.init_log_var, -math.inf, strict=True)
+        check_number("tol", self.tol, 0.0, strict=False)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         return LinearAnnealing(self.prior_strength, self.anneal_iters)

@@ -23,26 +23,14 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Union
 
 import torch
 from pyro import poutine
 
+from ..checks import check_number
+
 __all__ = ["AnnealingSchedule", "LinearAnnealing", "Constant", "make_schedule", "scale_kl", "check_kl_weight"]
-
-
-def _check_weight(name: str, value, allow_zero: bool = True) -> float:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a finite number >= 0, got {value!r}")
-    try:
-        weight = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a finite number >= 0, got {value!r}") from None
-    if not math.isfinite(weight) or weight < 0 or (weight == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return weight
 
 
 def check_kl_weight(kl_weight) -> float:
@@ -54,7 +42,7 @@ def check_kl_weight(kl_weight) -> float:
         if kl_weight.numel() != 1:
             raise ValueError(f"kl_weight must be a scalar, got a tensor of shape {tuple(kl_weight.shape)}")
         kl_weight = kl_weight.item()
-    return _check_weight("kl_weight", kl_weight)
+    return check_number("kl_weight", kl_weight)
 
 
 def scale_kl(kl_weight):
@@ -124,13 +112,13 @@ class LinearAnnealing(AnnealingSchedule):
     name = "linear"
 
     def __init__(self, prior_strength: float = 0.1, anneal_steps: int = 100, start: Optional[float] = None):
-        self.prior_strength = _check_weight("prior_strength", prior_strength)
+        self.prior_strength = check_number("prior_strength", prior_strength)
         if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps < 0:
             raise ValueError(f"anneal_steps must be a non-negative integer, got {anneal_steps!r}")
         self.anneal_steps = anneal_steps
         if start is None:
             start = self.prior_strength / max(anneal_steps, 1)
-        self.start = _check_weight("start", start)
+        self.start = check_number("start", start)
         if self.start > self.prior_strength:
             raise ValueError(f"start must be <= prior_strength = {self.prior_strength}, got {start!r}")
 
@@ -159,7 +147,7 @@ class Constant(AnnealingSchedule):
     name = "constant"
 
     def __init__(self, weight: float = 1.0):
-        self.weight = _check_weight("weight", weight)
+        self.weight = check_number("weight", weight)
 
     def __call__(self, step: int) -> float:
         self._check_step(step)

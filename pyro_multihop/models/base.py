@@ -14,7 +14,6 @@ and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import pyro
@@ -23,6 +22,7 @@ import torch
 from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
+from ..checks import check_positive_int, check_sigma2
 from ..data import Observations
 from ..distributions import TableCategorical
 from ..hop_chain import (
@@ -36,22 +36,6 @@ from ..hop_chain import (
 )
 
 __all__ = ["HopAttentionHead", "sample_hop_path", "emission_to_logits", "check_positive_int", "check_sigma2"]
-
-
-def check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def check_sigma2(sigma2) -> float:
-    try:
-        value = float(sigma2)
-    except (TypeError, ValueError):
-        raise TypeError(f"sigma2 must be a positive finite number, got {sigma2!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"sigma2 must be a positive finite number, got {sigma2!r}")
-    return value
 
 
 def sample_hop_path(

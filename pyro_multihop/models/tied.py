@@ -48,7 +48,6 @@ the posterior instead.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import pyro
@@ -57,6 +56,7 @@ import torch
 from pyro.infer import config_enumerate
 from pyro.nn import PyroParam, pyro_method
 
+from ..checks import check_number
 from ..data import Observations
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
@@ -200,8 +200,8 @@ class TiedEmbeddingAttention(HopAttentionHead):
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.sigma2 = check_sigma2(sigma2)
         self.annealing: AnnealingSchedule = make_schedule(annealing)
-        self.init_loc_scale = _check_nonnegative("init_loc_scale", init_loc_scale)
-        self.init_scale = _check_nonnegative("init_scale", init_scale, strict=True)
+        self.init_loc_scale = check_number("init_loc_scale", init_loc_scale)
+        self.init_scale = check_number("init_scale", init_scale, strict=True)
         self.seed = None if seed is None else int(seed)
         shape = (num_symbols, embed_dim)
         loc = _initial_tensor("loc", loc, shape) if loc is not None else None
@@ -345,16 +345,6 @@ class TiedEmbeddingAttention(HopAttentionHead):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", embed_dim={self.embed_dim}, sigma2={self.sigma2}, annealing={self.annealing!r}"
-
-
-def _check_nonnegative(name: str, value, strict: bool = False) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a finite number, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0 or (strict and number == 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if strict else '>= 0'}, got {value!r}")
-    return number
 
 
 def _initial_tensor(name: str, value, shape) -> torch.Tensor:
