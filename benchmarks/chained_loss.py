@@ -1,17 +1,24 @@
 """Exact log-likelihood + gradient of the chained head: the enumerated Pyro loss against the fused one.
 
-For each (L, N, n) in a grid, two implementations compute the exact negative log-likelihood of a batch
-and its gradient with respect to the parameters:
+For each (L, N, n) in a grid, three implementations compute the exact negative log-likelihood of a
+batch and its gradient with respect to the parameters:
 
 - ``pyro``: ``TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)``,
-  the hop latents enumerated and eliminated by Pyro's tensor contraction;
+  the hop latents enumerated and eliminated by Pyro's tensor contraction (Pyro's defaults, validation on);
 - ``pyro-jit``: the same loss under ``JitTraceEnum_ELBO``, called exactly as ``fit_svi(jit=True)`` calls it
-  (compiled once, before the timed runs), which removes most of Pyro's fixed per-call Python cost;
+  (compiled before the timed runs), which removes most of Pyro's per-call Python cost;
 - ``fused``: ``-head.log_likelihood(obs).sum()``, the library's own log-space forward recursion.
 
-Each implementation runs in its own subprocess so that peak memory is its own: the peak resident set
-size (``ru_maxrss``) during the timed runs minus the resident size just before them. Times are the
-median of ``--repeats`` runs after one warm-up. Both losses are checked to agree (rel. 1e-5, float32).
+Timing: one subprocess per grid point runs the three implementations in rounds, each round in a rotated
+order, and reports the median of ``--repeats`` rounds. Running them side by side in one process means
+that the other tenants of a shared machine slow all three alike, which separate processes did not
+(single-process medians moved by 30% from run to run). A second subprocess times them the same way at
+``n = 1`` with the same ``L`` and ``N``: the fixed per-call cost, which no batch size amortises.
+
+Memory: each implementation runs in its own subprocess, so that the peak is its own: the peak resident set
+size (``ru_maxrss``) during its first two runs minus the resident size just before them.
+
+All three losses are checked to agree (rel. 1e-5, float32). One thread throughout.
 
 Usage::
 
@@ -35,6 +42,8 @@ GRID = [
     (1, 10, 2000),
     (2, 10, 2000),
     (3, 10, 2000),
+    (1, 10, 20000),
+    (2, 10, 20000),
     (2, 30, 2000),
     (3, 30, 2000),
     (2, 100, 500),
@@ -42,6 +51,8 @@ GRID = [
     (2, 300, 100),
 ]
 SMOKE_GRID = [(2, 6, 50)]
+IMPLEMENTATIONS = ("pyro", "pyro-jit", "fused")
+TARGET_RATIO = 1.5
 
 
 def _rss_mb() -> float:
@@ -50,7 +61,8 @@ def _rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
-def worker(implementation: str, hops: int, context: int, n: int, repeats: int) -> dict:
+def _loss_functions(hops: int, context: int, n: int) -> dict:
+    """``implementation -> callable`` computing loss + gradient on a random batch; returns the loss."""
     import warnings
 
     import pyro
@@ -63,8 +75,6 @@ def worker(implementation: str, hops: int, context: int, n: int, repeats: int) -
     from pyro_multihop.train import _tensor_arguments, _tensor_signature
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.jit.trace, used by Pyro's jit
-
-    torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     symbols = 30
     obs = Observations(
@@ -78,66 +88,101 @@ def worker(implementation: str, hops: int, context: int, n: int, repeats: int) -
     jit_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
     jit_model, jit_guide = _tensor_signature(head.model), _tensor_signature(head.guide)
     jit_args, jit_static = _tensor_arguments(obs, {})
-    store = pyro.get_param_store().scope()
-    store.__enter__()  # one isolated param store for the whole worker process
+    pyro.get_param_store().scope().__enter__()  # one isolated param store for the worker process
 
-    def loss_and_gradient():
-        head.zero_grad(set_to_none=True)
-        if implementation == "pyro":
-            loss = elbo.differentiable_loss(head.model, head.guide, obs)
-        elif implementation == "pyro-jit":
-            loss = jit_elbo.differentiable_loss(jit_model, jit_guide, *jit_args, **jit_static)
-        else:
-            loss = -head.log_likelihood(obs).sum()
-        loss.backward()
-        return float(loss.detach())
+    def compute(implementation):
+        def loss_and_gradient():
+            head.zero_grad(set_to_none=True)
+            if implementation == "pyro":
+                loss = elbo.differentiable_loss(head.model, head.guide, obs)
+            elif implementation == "pyro-jit":
+                loss = jit_elbo.differentiable_loss(jit_model, jit_guide, *jit_args, **jit_static)
+            else:
+                loss = -head.log_likelihood(obs).sum()
+            loss.backward()
+            return float(loss.detach())
 
-    if implementation == "pyro-jit":
-        loss_and_gradient()  # compile outside the measurement
+        return loss_and_gradient
 
+    return {implementation: compute(implementation) for implementation in IMPLEMENTATIONS}
+
+
+def _check_agreement(losses: dict, where: str) -> None:
+    fused = losses["fused"]
+    for implementation, loss in losses.items():
+        if abs(loss - fused) > 1e-5 * abs(fused):
+            raise RuntimeError(f"{implementation} and fused losses disagree at {where}: {loss} vs {fused}")
+
+
+def time_worker(hops: int, context: int, n: int, repeats: int) -> dict:
+    """Median milliseconds of each implementation, timed side by side in rotated rounds."""
+    import torch
+
+    torch.set_num_threads(1)
+    functions = _loss_functions(hops, context, n)
+    # The first call also compiles the jit loss; TorchScript optimises the graph over its next two runs.
+    _check_agreement({i: function() for i, function in functions.items()}, f"L={hops} N={context} n={n}")
+    for _ in range(2):
+        for function in functions.values():
+            function()
+    order = list(functions)
+    times = {implementation: [] for implementation in order}
+    for round_ in range(repeats):
+        rotation = round_ % len(order)
+        for implementation in order[rotation:] + order[:rotation]:
+            start = time.perf_counter()
+            functions[implementation]()
+            times[implementation].append(time.perf_counter() - start)
+    return {implementation: 1000 * statistics.median(values) for implementation, values in times.items()}
+
+
+def memory_worker(implementation: str, hops: int, context: int, n: int) -> dict:
+    """Peak resident memory (MiB) of the first two loss + gradient calls above the resident size before them.
+
+    No warm-up: memory that the allocator keeps after a call would hide the next call's peak."""
+    import torch
+
+    torch.set_num_threads(1)
+    function = _loss_functions(hops, context, n)[implementation]
     rss_before = _rss_mb()
-    loss = loss_and_gradient()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        loss_and_gradient()
-        times.append(time.perf_counter() - start)
+    function()
+    function()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    return {"loss": loss, "ms": 1000 * statistics.median(times), "peak_mb": max(peak - rss_before, 0.0)}
+    return {"peak_mb": max(peak - rss_before, 0.0)}
+
+
+def _run_worker(*arguments) -> dict:
+    command = [sys.executable, __file__, "--worker", *map(str, arguments)]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def run_grid(grid, repeats: int) -> list:
     rows = []
     for hops, context, n in grid:
-        results = {}
-        for implementation in ("pyro", "pyro-jit", "fused"):
-            command = [sys.executable, __file__, "--worker", implementation, str(hops), str(context), str(n), str(repeats)]
-            completed = subprocess.run(command, capture_output=True, text=True, check=True)
-            results[implementation] = json.loads(completed.stdout.strip().splitlines()[-1])
-        fused_loss = results["fused"]["loss"]
-        for implementation in ("pyro", "pyro-jit"):
-            if abs(results[implementation]["loss"] - fused_loss) > 1e-5 * abs(fused_loss):
-                raise RuntimeError(
-                    f"{implementation} and fused losses disagree at L={hops} N={context} n={n}: "
-                    f"{results[implementation]['loss']} vs {fused_loss}"
-                )
-        rows.append(
-            {
-                "L": hops,
-                "N": context,
-                "n": n,
-                "pyro_ms": results["pyro"]["ms"],
-                "fused_ms": results["fused"]["ms"],
-                "time_ratio": results["pyro"]["ms"] / results["fused"]["ms"],
-                "pyro_jit_ms": results["pyro-jit"]["ms"],
-                "jit_time_ratio": results["pyro-jit"]["ms"] / results["fused"]["ms"],
-                "pyro_peak_mb": results["pyro"]["peak_mb"],
-                "fused_peak_mb": results["fused"]["peak_mb"],
-            }
-        )
+        times = _run_worker("time", hops, context, n, repeats)
+        fixed = _run_worker("time", hops, context, 1, repeats)
+        memory = {i: _run_worker("memory", i, hops, context, n)["peak_mb"] for i in ("pyro", "fused")}
+        row = {
+            "L": hops,
+            "N": context,
+            "n": n,
+            "pyro_ms": times["pyro"],
+            "fused_ms": times["fused"],
+            "time_ratio": times["pyro"] / times["fused"],
+            "pyro_jit_ms": times["pyro-jit"],
+            "jit_time_ratio": times["pyro-jit"] / times["fused"],
+            "pyro_fixed_ms": fixed["pyro"],
+            "pyro_jit_fixed_ms": fixed["pyro-jit"],
+            "fused_fixed_ms": fixed["fused"],
+            "pyro_peak_mb": memory["pyro"],
+            "fused_peak_mb": memory["fused"],
+        }
+        rows.append(row)
         print(
-            f"L={hops} N={context:4d} n={n:5d}  pyro {rows[-1]['pyro_ms']:8.2f} ms  fused {rows[-1]['fused_ms']:8.2f} ms"
-            f"  ratio {rows[-1]['time_ratio']:.2f}  jit {rows[-1]['pyro_jit_ms']:8.2f} ms ratio {rows[-1]['jit_time_ratio']:.2f}",
+            f"L={hops} N={context:4d} n={n:6d}  pyro {row['pyro_ms']:8.2f} ms  fused {row['fused_ms']:8.2f} ms"
+            f"  ratio {row['time_ratio']:.2f}  jit {row['pyro_jit_ms']:8.2f} ms ratio {row['jit_time_ratio']:.2f}"
+            f"  (n=1: pyro {row['pyro_fixed_ms']:.2f}, jit {row['pyro_jit_fixed_ms']:.2f}, fused {row['fused_fixed_ms']:.2f} ms)",
             flush=True,
         )
     return rows
@@ -147,16 +192,17 @@ def write_table(rows: list, out: Path) -> Path:
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame(rows)
-    frame.to_csv(out / "chained_loss.csv", index=False)
+    pd.DataFrame(rows).to_csv(out / "chained_loss.csv", index=False)
     lines = [
-        "| L | N | n | Pyro enumerated (ms) | fused (ms) | ratio | Pyro, jit (ms) | jit ratio | Pyro peak (MiB) | fused peak (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| L | N | n | Pyro (ms) | fused (ms) | ratio | Pyro, jit (ms) | jit ratio "
+        "| at n=1: Pyro / jit / fused (ms) | Pyro peak (MiB) | fused peak (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['L']} | {row['N']} | {row['n']} | {row['pyro_ms']:.2f} | {row['fused_ms']:.2f} | "
             f"{row['time_ratio']:.2f} | {row['pyro_jit_ms']:.2f} | {row['jit_time_ratio']:.2f} | "
+            f"{row['pyro_fixed_ms']:.2f} / {row['pyro_jit_fixed_ms']:.2f} / {row['fused_fixed_ms']:.2f} | "
             f"{row['pyro_peak_mb']:.1f} | {row['fused_peak_mb']:.1f} |"
         )
     path = out / "chained_loss.md"
@@ -168,14 +214,18 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--smoke", action="store_true", help="one tiny configuration")
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--worker", nargs=5, metavar=("IMPL", "L", "N", "n", "REPEATS"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=21, help="timed rounds per grid point")
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        implementation, hops, context, n, repeats = args.worker
-        print(json.dumps(worker(implementation, int(hops), int(context), int(n), int(repeats))))
+        kind, *rest = args.worker
+        if kind == "time":
+            print(json.dumps(time_worker(*map(int, rest))))
+        else:
+            implementation, *sizes = rest
+            print(json.dumps(memory_worker(implementation, *map(int, sizes))))
         return
-    rows = run_grid(SMOKE_GRID if args.smoke else GRID, 2 if args.smoke else args.repeats)
+    rows = run_grid(SMOKE_GRID if args.smoke else GRID, 3 if args.smoke else args.repeats)
     print(f"wrote {write_table(rows, args.out)}")
 
 

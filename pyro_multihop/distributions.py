@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import pyro.distributions as dist
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
-__all__ = ["TableCategorical"]
+from .gates import log_normalize, table_gather
+
+__all__ = ["GateCategorical", "TableCategorical"]
+
+
+class GateCategorical(dist.Categorical):
+    """``Categorical(logits=logits)`` over context positions, normalised by :func:`~pyro_multihop.gates.log_normalize`.
+
+    A plain ``Categorical`` normalises as ``logits - logits.logsumexp(-1)``; the gate of an enumerated hop
+    is ``(N, n, N)``, and for ``N >= 16`` positions one ``log_softmax`` kernel does the same in half the
+    time. Everything else (enumeration, Pyro's fast ``log_prob`` of an enumerated support) is Pyro's
+    ``Categorical``. Arguments are not validated: the logits are computed from validated observations.
+
+    :param logits: ``(..., N)`` unnormalised log attention; the batch shape is ``logits.shape[:-1]``.
+    """
+
+    def __init__(self, logits: torch.Tensor, validate_args=False):
+        log_probs = log_normalize(logits)
+        self.logits = log_probs
+        self._param = log_probs
+        self._num_events = log_probs.shape[-1]
+        torch.distributions.Distribution.__init__(self, log_probs.shape[:-1], validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(GateCategorical, _instance)
+        return super().expand(batch_shape, _instance=new)
 
 
 class TableCategorical(TorchDistribution):
@@ -43,8 +69,7 @@ class TableCategorical(TorchDistribution):
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
-        index, value = torch.broadcast_tensors(self.index, value.long())
-        return self.log_table[index, value]
+        return table_gather(self.log_table, self.index, value.long())
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         probs = self.log_table[self.index].exp()

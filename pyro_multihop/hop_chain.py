@@ -15,6 +15,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .gates import log_normalize
+
 __all__ = [
     "HopChain",
     "HopPosterior",
@@ -40,7 +42,7 @@ def masked_log_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> to
     """
     if mask is not None:
         logits = logits.masked_fill(~mask, MASKED_LOGIT)
-    return logits.log_softmax(-1)
+    return log_normalize(logits)
 
 
 class HopChain(NamedTuple):

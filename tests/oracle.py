@@ -56,7 +56,8 @@ def onehot_vectors(key_tables, obs):
 
 
 def summarise(tables, N, num_targets=None, emission=None, values=None):
-    """Log-likelihoods, hop marginals ``(L, n, N)``, pairwise ``(L-1, n, N, N)``, MAP paths, predictive."""
+    """Log-likelihoods, hop marginals ``(L, n, N)``, pairwise ``(L-1, n, N, N)``, MAP paths, predictive, and
+    ``joints``: per observation, ``path -> p(path, target)``."""
     n = len(tables)
     hops = len(next(iter(tables[0])))
     log_likelihood = torch.zeros(n, dtype=torch.float64)
@@ -82,6 +83,7 @@ def summarise(tables, N, num_targets=None, emission=None, values=None):
         "pairwise_marginals": pairwise,
         "map_paths": map_paths,
         "predictive": predictive,
+        "joints": [{path: joint for path, (_, joint) in table.items()} for table in tables],
     }
 
 

@@ -1,9 +1,10 @@
-"""TableCategorical against the plain Categorical it stands for."""
+"""TableCategorical and GateCategorical against the plain Categorical they stand for."""
 
 import pyro.distributions as dist
+import pytest
 import torch
 
-from pyro_multihop.distributions import TableCategorical
+from pyro_multihop.distributions import GateCategorical, TableCategorical
 
 
 def table_and_index():
@@ -45,3 +46,22 @@ def test_support_validation_rejects_out_of_range_values():
         assert "support" in str(error) or "integer_interval" in str(error)
     else:
         raise AssertionError("a value outside the support was accepted")
+
+
+# -- GateCategorical ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", [5, 20], ids=lambda n: f"N={n}")
+def test_gate_categorical_equals_categorical_for_values_and_enumerated_support(length):
+    generator = torch.Generator().manual_seed(length)
+    logits = 3 * torch.randn(4, 6, length, generator=generator, dtype=torch.float64)
+    gate, plain = GateCategorical(logits), dist.Categorical(logits=logits)
+    assert gate.batch_shape == plain.batch_shape == (4, 6)
+    assert torch.allclose(gate.logits, plain.logits, atol=1e-13)
+    value = torch.randint(length, (4, 6), generator=generator)
+    assert torch.allclose(gate.log_prob(value), plain.log_prob(value), atol=1e-13)
+    # Pyro's fast path for an enumerated support (a transposed view) gives the same numbers.
+    support = gate.enumerate_support(expand=False)
+    assert torch.allclose(gate.log_prob(support), plain.log_prob(plain.enumerate_support(expand=False)), atol=1e-13)
+    expanded = GateCategorical(logits[:1]).expand((4, 6))
+    assert expanded.batch_shape == (4, 6) and isinstance(expanded, GateCategorical)
+    assert torch.allclose(expanded.log_prob(value), dist.Categorical(logits=logits[:1]).expand((4, 6)).log_prob(value),
+                          atol=1e-13)

@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
 from ..checks import check_positive_int, check_sigma2
 from ..data import Observations
-from ..distributions import TableCategorical
+from ..distributions import GateCategorical, TableCategorical
+from ..gates import log_normalize, table_gather
 from ..hop_chain import (
     HopChain,
     HopPosterior,
@@ -35,7 +35,7 @@ from ..hop_chain import (
     last_hop_prior,
 )
 
-__all__ = ["HopAttentionHead", "sample_hop_path", "emission_to_logits", "check_positive_int", "check_sigma2"]
+__all__ = ["HopAttentionHead", "sample_hop_path", "attended_values", "emission_to_logits", "check_positive_int", "check_sigma2"]
 
 
 def sample_hop_path(
@@ -62,14 +62,26 @@ def sample_hop_path(
     :param log_emission: ``(S, T)`` normalised log emission table. :param target: ``(n,)``.
     """
     for hop in pyro.markov(range(n_hops)):
-        logits = gate_logits(hop, query)
-        # The logits are computed here from validated inputs; skipping validation saves a pass over (N, n, N).
-        position = pyro.sample(
-            f"z_{hop + 1}", dist.Categorical(logits=logits, validate_args=False), infer={"enumerate": "parallel"}
-        )
-        query = Vindex(values)[..., position]
+        position = pyro.sample(f"z_{hop + 1}", GateCategorical(gate_logits(hop, query)), infer={"enumerate": "parallel"})
+        query = attended_values(values, position)
         if hop == n_hops - 1:
             pyro.sample("target", TableCategorical(log_emission, query), obs=target)
+
+
+def attended_values(values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """``values[..., position]``: the value symbol at each observation's attended position.
+
+    :param values: ``(n, N)``. :param position: ``(..., n)`` positions (broadcasting against ``n``).
+    :returns: ``(..., n)``.
+
+    Under parallel enumeration ``position`` is ``arange(N)`` reshaped to ``(N, 1, ..., 1)``, which Pyro marks
+    with ``_pyro_categorical_support`` (the marker its own ``Categorical.log_prob`` uses); the answer is
+    then a contiguous copy of ``values.T`` (contiguous, so that the next gate's gather writes in order),
+    with no gather. Any other ``position`` is gathered.
+    """
+    if getattr(position, "_pyro_categorical_support", None) is not None and position.dim() >= 2:
+        return values.t().contiguous().reshape(position.shape[:-1] + values.shape[:1])
+    return Vindex(values)[..., position]
 
 
 def emission_to_logits(emission, shape) -> torch.Tensor:
@@ -110,12 +122,12 @@ class HopAttentionHead(PyroModule):
 
     def hop_chain(self, obs: Observations) -> HopChain:
         """Log factors of the hop chain of a batch, from :meth:`gate_logits`."""
-        init = self.gate_logits(0, obs.keys, obs.query, obs.mask).log_softmax(-1)
+        init = log_normalize(self.gate_logits(0, obs.keys, obs.query, obs.mask))
         n, N = obs.keys.shape
         # The value at position i is the next hop's query: batch the gate over (n, N_i) against keys (n, 1, N_j).
         keys = obs.keys.unsqueeze(-2)
         mask = None if obs.mask is None else obs.mask.unsqueeze(-2)
-        trans = [self.gate_logits(hop, keys, obs.values, mask).log_softmax(-1) for hop in range(1, self.n_hops)]
+        trans = [log_normalize(self.gate_logits(hop, keys, obs.values, mask)) for hop in range(1, self.n_hops)]
         return HopChain(init, torch.stack(trans) if trans else init.new_zeros(0, n, N, N))
 
     def config(self) -> dict:  # pragma: no cover - abstract
@@ -145,7 +157,7 @@ class HopAttentionHead(PyroModule):
     def _log_emission(self, obs: Observations, emission: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``(n, N)``: log emission[value_i, target] for every position ``i``."""
         emission = self.emission if emission is None else emission
-        return emission.log()[obs.values, obs.target.unsqueeze(-1)]
+        return table_gather(emission.log(), obs.values, obs.target.unsqueeze(-1))
 
     # -- exact inference ---------------------------------------------------------------------------------
     def log_likelihood(self, obs: Observations) -> torch.Tensor:

@@ -38,6 +38,7 @@ from pyro.infer import config_enumerate
 from pyro.nn import PyroParam, pyro_method
 
 from ..data import Observations
+from ..gates import table_gather
 from ..hop_chain import MASKED_LOGIT
 from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
@@ -59,9 +60,10 @@ def onehot_gate_logits(
     :param mask: ``(*batch, N)`` bool or None; padding gets :data:`~pyro_multihop.hop_chain.MASKED_LOGIT`.
     :returns: ``(*batch, N)``.
     """
-    # ||onehot(v) - K[k]||^2 = 1 - 2 K[k, v] + ||K[k]||^2; the 1 drops out of the softmax.
-    squared_norms = key_table.pow(2).sum(-1)[keys]
-    logits = (2.0 * key_table[keys, query.unsqueeze(-1)] - squared_norms) / (2.0 * sigma2)
+    # ||onehot(v) - K[k]||^2 = 1 - 2 K[k, v] + ||K[k]||^2; the 1 drops out of the softmax. The (S, S) score
+    # table is formed first, so the (*batch, N) gate is a single gather.
+    scores = (2.0 * key_table - key_table.pow(2).sum(-1, keepdim=True)) / (2.0 * sigma2)
+    logits = table_gather(scores, keys, query.unsqueeze(-1))
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 

@@ -58,6 +58,7 @@ from pyro.nn import PyroParam, pyro_method
 
 from ..checks import check_number
 from ..data import Observations
+from ..gates import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
 from ..hop_chain import MASKED_LOGIT, HopChain, last_hop_prior
@@ -108,7 +109,7 @@ def embedding_gate_logits(
         with an enumerated query ``(E, n)``). :param mask: ``(*batch, N)`` bool or None.
     :returns: ``(*batch, N)``.
     """
-    logits = -distances[query.unsqueeze(-1), keys] / (2.0 * sigma2)
+    logits = table_gather(distances / (-2.0 * sigma2), query.unsqueeze(-1), keys)
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
@@ -132,14 +133,14 @@ def embedding_gate_chain(
     :returns: :class:`HopChain` with ``init (n, N)`` and ``trans (L - 1, n, N, N)`` (an expanded view).
     """
     distances = squared_distances(embeddings)  # (S, S)
-    init = embedding_gate_logits(distances, keys, query, mask, sigma2).log_softmax(-1)
+    init = log_normalize(embedding_gate_logits(distances, keys, query, mask, sigma2))
     n, N = keys.shape
     if n_hops == 1:
         return HopChain(init, init.new_zeros(0, n, N, N))
     # logits[n, i, j]: the query passed on by position i (its value) meets the key at position j.
-    trans = embedding_gate_logits(
-        distances, keys.unsqueeze(-2), values, None if mask is None else mask.unsqueeze(-2), sigma2
-    ).log_softmax(-1)
+    trans = log_normalize(
+        embedding_gate_logits(distances, keys.unsqueeze(-2), values, None if mask is None else mask.unsqueeze(-2), sigma2)
+    )
     return HopChain(init, trans.unsqueeze(0).expand(n_hops - 1, n, N, N))
 
 

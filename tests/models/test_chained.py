@@ -11,6 +11,7 @@ from pyro.infer import TraceEnum_ELBO, infer_discrete
 
 from pyro_multihop import ChainedAttention, Observations, chain_task
 from pyro_multihop.hop_chain import chain_log_likelihood
+from pyro_multihop.models.base import attended_values
 
 S, T, N = 5, 4, 4
 
@@ -332,3 +333,16 @@ def test_methods_reject_non_observations():
     head = random_head(2)
     with pytest.raises(TypeError, match="obs must be pyro_multihop.Observations, got tuple"):
         head.log_likelihood((1, 2, 3, 4))
+
+
+def test_attended_values_of_an_enumerated_support_and_of_drawn_positions():
+    """The enumerated support (a view of values.T) and drawn positions (a gather) give values[..., position]."""
+    values = torch.randint(9, (5, 4), generator=torch.Generator().manual_seed(0))
+    categorical = pyro.distributions.Categorical(logits=torch.zeros(5, 4))
+    support = categorical.enumerate_support(expand=False).reshape(4, 1, 1)
+    support._pyro_categorical_support = id(categorical)  # as Pyro's enumeration marks it
+    expected = torch.stack([values[:, i] for i in range(4)]).reshape(4, 1, 5)
+    assert torch.equal(attended_values(values, support), expected)
+    assert torch.equal(attended_values(values, support.clone()), expected)  # unmarked: the gather path
+    drawn = torch.tensor([3, 0, 2, 2, 1])
+    assert torch.equal(attended_values(values, drawn), values[torch.arange(5), drawn])

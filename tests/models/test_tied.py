@@ -99,7 +99,9 @@ def test_plug_in_predictive_and_posterior_match_brute_force(hops, masked):
     posterior = head.posterior(obs)
     assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-12)
     assert torch.allclose(posterior.pairwise_marginals, expected["pairwise_marginals"], atol=1e-12)
-    assert torch.equal(posterior.map_paths, expected["map_paths"])
+    # The tied gate repeats across hops, so several paths can tie up to rounding: compare joints, not argmaxes.
+    for row, path in enumerate(posterior.map_paths.tolist()):
+        assert expected["joints"][row][tuple(path)] == pytest.approx(max(expected["joints"][row].values()), rel=1e-12)
 
 
 @HOPS
