@@ -19,3 +19,14 @@ def test_chained_loss_benchmark_smoke(tmp_path):
     assert list(table[["L", "N", "n"]].iloc[0]) == [2, 6, 50]
     assert (table[["pyro_ms", "pyro_jit_ms", "fused_ms"]] > 0).all().all()
     assert "| L | N | n |" in (tmp_path / "chained_loss.md").read_text()
+
+
+def test_pyro_overhead_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pyro_overhead.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    table = (tmp_path / "pyro_overhead.md").read_text()
+    for row in ("Pyro, library model", "Pyro, minimal model", "fused", "aten::bmm"):
+        assert row in table
