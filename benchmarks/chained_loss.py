@@ -61,6 +61,46 @@ def _rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
+def random_observations(n: int, context: int, symbols: int = 30):
+    """``n`` uniform random observations over ``symbols`` symbols with ``context`` positions (seed 0)."""
+    import torch
+
+    from pyro_multihop import Observations
+
+    generator = torch.Generator().manual_seed(0)
+    return Observations(
+        torch.randint(symbols, (n, context), generator=generator),
+        torch.randint(symbols, (n, context), generator=generator),
+        torch.randint(symbols, (n,), generator=generator),
+        torch.randint(symbols, (n,), generator=generator),
+    )
+
+
+def check_agreement(losses: dict, where: str) -> None:
+    """Raise if any loss differs from ``losses["fused"]`` by more than 1e-5 relative."""
+    fused = losses["fused"]
+    for implementation, loss in losses.items():
+        if abs(loss - fused) > 1e-5 * abs(fused):
+            raise RuntimeError(f"{implementation} and fused losses disagree at {where}: {loss} vs {fused}")
+
+
+def time_side_by_side(functions: dict, repeats: int, warmup_rounds: int) -> dict:
+    """Median milliseconds of each ``name -> callable``, timed in ``repeats`` rounds in a rotated order
+    after ``warmup_rounds`` untimed rounds."""
+    for _ in range(warmup_rounds):
+        for function in functions.values():
+            function()
+    order = list(functions)
+    times = {name: [] for name in order}
+    for round_ in range(repeats):
+        rotation = round_ % len(order)
+        for name in order[rotation:] + order[:rotation]:
+            start = time.perf_counter()
+            functions[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
+
+
 def _loss_functions(hops: int, context: int, n: int) -> dict:
     """``implementation -> callable`` computing loss + gradient on a random batch; returns the loss."""
     import warnings
@@ -69,20 +109,14 @@ def _loss_functions(hops: int, context: int, n: int) -> dict:
     import torch
     from pyro.infer import JitTraceEnum_ELBO, TraceEnum_ELBO
 
-    from pyro_multihop import ChainedAttention, Observations
+    from pyro_multihop import ChainedAttention
 
     # The adapters fit_svi(jit=True) uses: observation fields as positional tensors for torch.jit.trace.
     from pyro_multihop.train import _tensor_arguments, _tensor_signature
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.jit.trace, used by Pyro's jit
-    generator = torch.Generator().manual_seed(0)
     symbols = 30
-    obs = Observations(
-        torch.randint(symbols, (n, context), generator=generator),
-        torch.randint(symbols, (n, context), generator=generator),
-        torch.randint(symbols, (n,), generator=generator),
-        torch.randint(symbols, (n,), generator=generator),
-    )
+    obs = random_observations(n, context, symbols)
     head = ChainedAttention(hops, symbols, symbols, sigma2=0.1, init="identity", seed=0)
     elbo = TraceEnum_ELBO(max_plate_nesting=1)
     jit_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
@@ -107,13 +141,6 @@ def _loss_functions(hops: int, context: int, n: int) -> dict:
     return {implementation: compute(implementation) for implementation in IMPLEMENTATIONS}
 
 
-def _check_agreement(losses: dict, where: str) -> None:
-    fused = losses["fused"]
-    for implementation, loss in losses.items():
-        if abs(loss - fused) > 1e-5 * abs(fused):
-            raise RuntimeError(f"{implementation} and fused losses disagree at {where}: {loss} vs {fused}")
-
-
 def time_worker(hops: int, context: int, n: int, repeats: int) -> dict:
     """Median milliseconds of each implementation, timed side by side in rotated rounds."""
     import torch
@@ -121,19 +148,8 @@ def time_worker(hops: int, context: int, n: int, repeats: int) -> dict:
     torch.set_num_threads(1)
     functions = _loss_functions(hops, context, n)
     # The first call also compiles the jit loss; TorchScript optimises the graph over its next two runs.
-    _check_agreement({i: function() for i, function in functions.items()}, f"L={hops} N={context} n={n}")
-    for _ in range(2):
-        for function in functions.values():
-            function()
-    order = list(functions)
-    times = {implementation: [] for implementation in order}
-    for round_ in range(repeats):
-        rotation = round_ % len(order)
-        for implementation in order[rotation:] + order[:rotation]:
-            start = time.perf_counter()
-            functions[implementation]()
-            times[implementation].append(time.perf_counter() - start)
-    return {implementation: 1000 * statistics.median(values) for implementation, values in times.items()}
+    check_agreement({i: function() for i, function in functions.items()}, f"L={hops} N={context} n={n}")
+    return time_side_by_side(functions, repeats, warmup_rounds=2)
 
 
 def memory_worker(implementation: str, hops: int, context: int, n: int) -> dict:

@@ -19,8 +19,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import pyro
@@ -29,25 +27,16 @@ import torch
 from pyro.infer import TraceEnum_ELBO, config_enumerate
 from pyro.ops.indexing import Vindex
 
-from pyro_multihop import ChainedAttention, Observations
+from chained_loss import check_agreement, random_observations, time_side_by_side  # benchmarks/, beside this file
+from pyro_multihop import ChainedAttention
 from pyro_multihop.distributions import TableCategorical
 
 SYMBOLS, CONTEXT = 30, 10
 
 
-def _observations(n: int) -> Observations:
-    generator = torch.Generator().manual_seed(0)
-    return Observations(
-        torch.randint(SYMBOLS, (n, CONTEXT), generator=generator),
-        torch.randint(SYMBOLS, (n, CONTEXT), generator=generator),
-        torch.randint(SYMBOLS, (n,), generator=generator),
-        torch.randint(SYMBOLS, (n,), generator=generator),
-    )
-
-
 def _losses(n: int) -> dict:
     """``name -> callable`` computing loss + gradient for one hop at context length 10."""
-    obs = _observations(n)
+    obs = random_observations(n, CONTEXT, SYMBOLS)
     head = ChainedAttention(1, SYMBOLS, SYMBOLS, sigma2=0.1, init="identity", seed=0)
     key_table = head.key_tables.detach()[0].clone().requires_grad_(True)
     emission_logits = torch.zeros(SYMBOLS, SYMBOLS, requires_grad=True)
@@ -87,19 +76,8 @@ def _losses(n: int) -> dict:
 
 def fixed_costs(repeats: int) -> dict:
     functions = _losses(1)
-    losses = {name: function() for name, function in functions.items()}
-    if max(losses.values()) - min(losses.values()) > 1e-4 * abs(losses["fused"]):
-        raise RuntimeError(f"the three losses disagree: {losses}")
-    for _ in range(5):
-        for function in functions.values():
-            function()
-    times = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            function()
-            times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(values) for name, values in times.items()}
+    check_agreement({name: function() for name, function in functions.items()}, f"L=1 N={CONTEXT} n=1")
+    return time_side_by_side(functions, repeats, warmup_rounds=5)
 
 
 def bmm_share(n: int, repeats: int) -> float:
