@@ -48,7 +48,7 @@ from typing import Callable, List, NamedTuple, Optional, Union
 import torch
 
 from ..data import Observations
-from ..hop_chain import chain_posterior, masked_log_softmax
+from .. import engine
 from ..models.base import check_positive_int, check_sigma2
 from ..models.chained import ChainedAttention
 
@@ -229,29 +229,26 @@ class ChainedEM:
         """
         self._check_model(model)
         model.check_observations(obs)
-        key_tables = model.key_tables.detach()
-        emission = model.emission.detach()
-        dtype, device = key_tables.dtype, key_tables.device
+        dtype, device = model.key_tables.dtype, model.key_tables.device
         obs, weights = self._prepare(obs, weights, dtype, device)
         stats = SufficientStats.zeros(self.n_hops, self.num_symbols, self.num_targets, dtype, device)
         if len(obs) == 0:
             return stats
         accumulator = _Accumulator(stats)
-        log_emission = emission.log()
-        method = self._resolve_method(obs.context_len)
-        tables = _symbol_gate_tables(key_tables, self.sigma2) if method == "factored" else None
-        rows = self._rows_per_chunk(obs.context_len, method)
-        for start in range(0, len(obs), rows):
-            chunk, w = obs[start : start + rows], weights[start : start + rows]
-            chunk_log_emission = log_emission[chunk.values, chunk.target.unsqueeze(-1)]  # (c, N)
-            if method == "dense":
-                _dense_e_step(accumulator, model, chunk, chunk_log_emission, w)
+        gates = model.hop_gates()
+        route = {"factored": "symbols", "dense": "positions", "auto": None}[self.method]
+        in_log_space = 0
+        for part in engine.forward_backward_chunks(gates, obs, rows=self.chunk_size, route=route):
+            chunk, w = part.obs, weights[part.rows]
+            accumulator.add_likelihood(part.log_likelihood, w)
+            if part.route == "symbols":
+                _add_symbol_route(accumulator, part, w)
                 continue
-            failed = _factored_e_step(accumulator, tables, chunk, chunk_log_emission, w)
-            if failed.any():
-                logger.debug("E-step: %d observations fall back to log space", int(failed.sum()))
-                index = failed.nonzero().squeeze(-1)
-                _dense_e_step(accumulator, model, chunk[index], chunk_log_emission[index], w[index])
+            in_log_space += len(chunk) if part.route == "log" else 0
+            pairwise = part.pairwise if part.pairwise is not None else [part.pairwise_at(hop) for hop in range(self.n_hops - 1)]
+            accumulator.add_marginals(chunk, w, part.hop_marginals, pairwise)
+        if in_log_space:
+            logger.debug("E-step: %d observations fall back to log space", in_log_space)
         return accumulator.result()
 
     # -- M-step ----------------------------------------------------------------------------------------
@@ -421,20 +418,15 @@ class ChainedEM:
         return obs
 
     def _prepare(self, obs: Observations, weights, dtype, device):
-        """Observations on ``device`` and their weights, rows of weight 0 dropped."""
-        obs = obs.to(device) if obs.device != torch.device(device) else obs
+        """The observations (where they are: the engine moves chunks) and their weights on ``device``, rows of
+        weight 0 dropped."""
         if weights is None:
             return obs, torch.ones(len(obs), dtype=dtype, device=device)
         weights = _check_weights(weights, len(obs)).to(dtype=dtype, device=device)
         keep = weights > 0
         if not keep.all():
-            obs, weights = obs[keep], weights[keep]
+            obs, weights = obs[keep.to(obs.device)], weights[keep]
         return obs, weights
-
-    def _resolve_method(self, N: int) -> str:
-        if self.method != "auto":
-            return self.method
-        return "factored" if self.num_symbols <= 4 * N else "dense"
 
     def _rows_per_chunk(self, N: int, method: str) -> int:
         if self.chunk_size is not None:
@@ -523,97 +515,21 @@ class _Accumulator:
         self.add_emission(chunk, w * gamma[-1])
 
 
-def _dense_e_step(acc: _Accumulator, model: ChainedAttention, chunk, log_emission, weights) -> None:
-    """Log-space forward-backward on the model's ``(N, N)`` hop chain (robust to any gate scale)."""
-    if len(chunk) == 0:
-        return
-    posterior = chain_posterior(model.hop_chain(chunk), log_emission)
-    acc.add_likelihood(posterior.log_likelihood, weights)
-    acc.add_marginals(chunk, weights, posterior.hop_marginals, posterior.pairwise_marginals)
+def _add_symbol_route(acc: _Accumulator, part, weights: torch.Tensor) -> None:
+    """Statistics of rows computed on the engine's symbol route, without any ``(N, N)`` tensor.
 
-
-def _symbol_gate_tables(key_tables: torch.Tensor, sigma2: float):
-    """Gate of every hop by symbol: ``(G_1 (S, S) logits, E (L - 1, S, S))``.
-
-    ``G_l[v, k] = (2 K_l[k, v] - ||K_l[k]||^2) / (2 sigma2)`` is ``-||onehot(v) - K_l[k]||^2 / (2 sigma2)`` up
-    to the constant ``1 / (2 sigma2)``, which every softmax over positions ignores. Hop 1 keeps logits (its
-    softmax is taken per observation); later hops get ``E_l = exp(G_l - max_k G_l[:, k])``, row max 1.
+    With ``leaving[l][s] = sum_{i: value_i = s} alpha[l-1][i] / R_l[s]`` and ``arriving[l][k] = sum_{j: key_j = k}
+    beta[l][j]``, the pairwise posterior ``alpha[l-1][i] P_l[i, j] beta[l][j] / Z_l`` summed over the positions
+    of value ``s`` and key ``k`` is ``leaving[l][s] E_l[s, k] arriving[l][k] / Z_l``: one ``(S, c) x (c, S)``
+    product per hop.
     """
-    logits = (2.0 * key_tables.transpose(-1, -2) - key_tables.pow(2).sum(-1).unsqueeze(-2)) / (2.0 * sigma2)
-    return logits[0], (logits[1:] - logits[1:].amax(-1, keepdim=True)).exp()
-
-
-def _factored_e_step(acc: _Accumulator, tables, chunk: Observations, log_emission, weights) -> torch.Tensor:
-    """Forward-backward with the transitions factored through symbol space (module docstring).
-
-    Messages of hop ``l`` (0-based) for a chunk of ``c`` rows: ``alpha[l] (c, N)`` prior probability of
-    landing at each position, ``beta[l] (c, N)`` likelihood of the target from there (rescaled),
-    ``leaving[l] (c, S)``: ``sum_{i: value_i = v} alpha[l - 1][i] / R_l[v]`` and ``arriving[l] (c, S)``:
-    ``sum_{j: key_j = k} beta[l][j]``, so that ``xi_l[i, j] = alpha[l-1][i] P_l[i, j] beta[l][j] / Z_l``
-    summed over the positions of value ``s`` and key ``k`` is ``leaving[l][s] E_l[s, k] arriving[l][k] / Z_l``.
-
-    Accumulates the rows it can compute to full precision and returns the ``(c,)`` bool mask of those it
-    could not (an underflowing gate normaliser, message or likelihood), for the log-space route.
-    """
-    first_logits, gates = tables
-    dtype = gates.dtype
-    floor = torch.finfo(dtype).tiny / torch.finfo(dtype).eps  # smaller sums may hold imprecise subnormals
-    L, S = gates.shape[0] + 1, first_logits.shape[-1]
-    c, N = chunk.keys.shape
-    mask = chunk.full_mask()
-    real = mask.to(dtype)
-
-    def by_symbol(index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``out[n, s] = sum_i x[n, i] [index[n, i] = s]``, ``(c, S)``."""
-        return x.new_zeros(c, S).scatter_add_(1, index, x)
-
-    ok = torch.ones(c, dtype=torch.bool, device=mask.device)
-    # Forward (prior) messages; hop 1 is one softmax per row over its positions.
-    alphas = [masked_log_softmax(first_logits[chunk.query.unsqueeze(-1), chunk.keys], mask).exp()]
-    key_counts = by_symbol(chunk.keys, real)  # real positions carrying each key
-    present = by_symbol(chunk.values, real) > 0  # value symbols that occur at real positions
-    normalisers, leaving = [None], [None]
-    for hop in range(1, L):
-        gate = gates[hop - 1]
-        normaliser = key_counts @ gate.transpose(0, 1)  # R[n, v] = sum_j E[v, key_j]
-        ok &= ((normaliser >= floor) | ~present).all(-1)
-        normaliser = torch.where(present, normaliser, torch.ones_like(normaliser))
-        leaving.append(by_symbol(chunk.values, alphas[-1]) / normaliser)
-        alphas.append((leaving[-1] @ gate).gather(1, chunk.keys) * real)  # sum_v leaving[v] E[v, key_j]
-        normalisers.append(normaliser)
-
-    # Backward messages, each rescaled to row max 1; the last one shifted by the largest log emission.
-    shift = log_emission.masked_fill(~mask, -math.inf).amax(-1)
-    ok &= torch.isfinite(shift)
-    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    betas = [(log_emission - shift.unsqueeze(-1)).exp() * real]
-    arriving = [None] * L
-    for hop in range(L - 1, 0, -1):
-        arriving[hop] = by_symbol(chunk.keys, betas[0])
-        beta = (arriving[hop] @ gates[hop - 1].transpose(0, 1) / normalisers[hop]).gather(1, chunk.values) * real
-        scale = beta.amax(-1, keepdim=True)
-        ok &= (scale.squeeze(-1) >= floor) & torch.isfinite(scale.squeeze(-1))
-        betas.insert(0, beta / scale.clamp_min(floor))
-
-    joints = [alpha * beta for alpha, beta in zip(alphas, betas)]
-    totals = [joint.sum(-1) for joint in joints]  # Z_l: the likelihood up to beta[l]'s scale
-    for total in totals:
-        ok &= (total >= floor) & torch.isfinite(total)
-    if not ok.all():
-        keep = ok.nonzero().squeeze(-1)
-        chunk, weights, shift = chunk[keep], weights[keep], shift[keep]
-        joints, totals = [x[keep] for x in joints], [x[keep] for x in totals]
-        leaving = [None if x is None else x[keep] for x in leaving]
-        arriving = [None if x is None else x[keep] for x in arriving]
-    if len(chunk) == 0:
-        return ~ok
-    acc.add_likelihood(totals[-1].log() + shift, weights)
-    scales = [(weights / total).unsqueeze(-1) for total in totals]  # w_n / Z_l
+    chunk, transitions = part.obs, part.transitions
+    scales = [(weights / total).unsqueeze(-1) for total in part.totals]  # w_n / Z_l
+    joints = [alpha * beta for alpha, beta in zip(part.alphas, part.betas)]
     acc.add_first_hop(chunk, joints[0] * scales[0])
-    for hop in range(1, L):
-        # sum_n (w_n / Z_n) arriving[n, k] leaving[n, s], times E[s, k]: one (S, c) x (c, S) product.
-        pairs = (arriving[hop] * scales[hop]).transpose(0, 1) @ leaving[hop]
-        acc.key_numerators[hop] += pairs * gates[hop - 1].transpose(0, 1)
+    for hop in range(1, len(joints)):
+        leaving = transitions.leaving(hop - 1, part.alphas[hop - 1])
+        arriving = transitions.arriving(part.betas[hop]) * scales[hop]
+        acc.key_numerators[hop] += (arriving.transpose(0, 1) @ leaving) * transitions.gates[hop - 1].transpose(0, 1)
         acc.key_masses[hop].index_add_(0, chunk.keys.flatten(), (joints[hop] * scales[hop]).flatten())
     acc.add_emission(chunk, joints[-1] * scales[-1])
-    return ~ok

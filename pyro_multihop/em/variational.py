@@ -36,9 +36,9 @@ import torch
 
 from ..data import Observations
 from ..guides.annealing import LinearAnnealing
-from ..hop_chain import chain_log_likelihood, chain_posterior
+from .. import engine
 from ..checks import check_number, check_positive_int, check_sigma2
-from ..models.tied import TiedEmbeddingAttention, embedding_gate_chain
+from ..models.tied import TiedEmbeddingAttention, embedding_hop_gates
 from .chained import ConvergenceWarning
 
 __all__ = ["TiedEmbeddingVEM"]
@@ -199,16 +199,14 @@ class TiedEmbeddingVEM:
         posterior responsibilities over the draws."""
         noise = torch.randn((self.mc,) + tuple(means.shape), generator=generator, dtype=means.dtype)
         draws = means + (0.5 * log_vars).exp() * noise
-        log_emission = emission.log()[obs.values, obs.target.unsqueeze(-1)]  # (n, N)
+        log_emission = emission.log()
         log_likelihood = 0.0
         responsibilities = torch.zeros(obs.keys.shape, dtype=means.dtype)
         for embeddings in draws:
-            chain = embedding_gate_chain(
-                embeddings, obs.keys, obs.values, obs.query, obs.mask, self.sigma2, self.n_hops
-            )
-            log_likelihood = log_likelihood + chain_log_likelihood(chain, log_emission).sum()
+            gates = embedding_hop_gates(embeddings, log_emission, self.sigma2, self.n_hops)
+            log_likelihood = log_likelihood + engine.log_likelihood(gates, obs).sum()
             with torch.no_grad():
-                responsibilities += chain_posterior(_detach_chain(chain), log_emission).hop_marginals[-1]
+                responsibilities += engine.hop_marginals(embedding_hop_gates(embeddings.detach(), log_emission, self.sigma2, self.n_hops), obs)[-1]
         kl = 0.5 * (means.pow(2) + log_vars.exp() - 1.0 - log_vars).sum()
         return log_likelihood / self.mc - weight * kl, responsibilities / self.mc
 
@@ -263,6 +261,3 @@ class TiedEmbeddingVEM:
         self._check_fitted()
         return self.to_head().evaluate(self._check_observations(obs))
 
-
-def _detach_chain(chain):
-    return type(chain)(chain.init.detach(), chain.trans.detach())

@@ -2,7 +2,7 @@
 
 from .base import HopAttentionHead
 from .chained import ChainedAttention, onehot_gate_logits
-from .tied import TiedEmbeddingAttention, embedding_gate_chain, embedding_gate_logits, squared_distances
+from .tied import TiedEmbeddingAttention, embedding_gate_logits, embedding_hop_gates, embedding_score_tables, squared_distances
 
 __all__ = [
     "HopAttentionHead",
@@ -10,6 +10,7 @@ __all__ = [
     "onehot_gate_logits",
     "TiedEmbeddingAttention",
     "embedding_gate_logits",
-    "embedding_gate_chain",
+    "embedding_score_tables",
+    "embedding_hop_gates",
     "squared_distances",
 ]

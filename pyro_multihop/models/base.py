@@ -14,6 +14,7 @@ and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import pyro
@@ -21,19 +22,11 @@ import torch
 from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
+from .. import engine
 from ..checks import check_positive_int, check_sigma2
 from ..data import Observations
 from ..distributions import GateCategorical, TableCategorical
-from ..gates import log_normalize, table_gather
-from ..hop_chain import (
-    HopChain,
-    HopPosterior,
-    chain_log_likelihood,
-    chain_map_paths,
-    chain_posterior,
-    chain_sample_paths,
-    last_hop_prior,
-)
+from ..hop_chain import HopChain, HopPosterior, chain_sample_paths
 
 __all__ = ["HopAttentionHead", "sample_hop_path", "attended_values", "emission_to_logits", "check_positive_int", "check_sigma2"]
 
@@ -120,15 +113,29 @@ class HopAttentionHead(PyroModule):
         """
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def gate_score_tables(self) -> Optional[torch.Tensor]:
+        """``(L, S, S)`` unnormalised gate logits ``scores[l, q, k]`` of hop ``l + 1`` when its query symbol ``q``
+        meets key symbol ``k``, or None if the gate depends on more than the two symbols. With tables,
+        :meth:`hop_chain` and the engine's fast symbol route come for free."""
+        return None
+
     def hop_chain(self, obs: Observations) -> HopChain:
-        """Log factors of the hop chain of a batch, from :meth:`gate_logits`."""
-        init = log_normalize(self.gate_logits(0, obs.keys, obs.query, obs.mask))
-        n, N = obs.keys.shape
-        # The value at position i is the next hop's query: batch the gate over (n, N_i) against keys (n, 1, N_j).
-        keys = obs.keys.unsqueeze(-2)
-        mask = None if obs.mask is None else obs.mask.unsqueeze(-2)
-        trans = [log_normalize(self.gate_logits(hop, keys, obs.values, mask)) for hop in range(1, self.n_hops)]
-        return HopChain(init, torch.stack(trans) if trans else init.new_zeros(0, n, N, N))
+        """Dense log factors of the hop chain of a batch (``init (n, N)``, ``trans (L - 1, n, N, N)``)."""
+        scores = self.gate_score_tables()
+        if scores is None:  # pragma: no cover - a head without score tables overrides hop_chain
+            raise NotImplementedError(f"{type(self).__name__} must define gate_score_tables() or hop_chain()")
+        return engine.chain_from_scores(scores, obs)
+
+    @property
+    def log_emission(self) -> torch.Tensor:
+        """``(S, T)`` log emission table (row log-softmax of ``emission_logits``)."""
+        return self.emission_logits.log_softmax(-1)
+
+    def hop_gates(self) -> engine.HopGates:
+        """The gate and emission as the inference engine (:mod:`pyro_multihop.engine`) takes them."""
+        scores = self.gate_score_tables()
+        dense_chain = self.hop_chain if scores is None else functools.partial(engine.chain_from_scores, scores)
+        return engine.HopGates(self.log_emission, dense_chain, self.n_hops, scores)
 
     def config(self) -> dict:  # pragma: no cover - abstract
         """JSON-serialisable constructor arguments that rebuild this head (parameters come from its state_dict)."""
@@ -154,48 +161,104 @@ class HopAttentionHead(PyroModule):
         obs.check_sizes(self.num_symbols, None)
         return obs
 
-    def _log_emission(self, obs: Observations, emission: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``(n, N)``: log emission[value_i, target] for every position ``i``."""
-        emission = self.emission if emission is None else emission
-        return table_gather(emission.log(), obs.values, obs.target.unsqueeze(-1))
+    # -- exact inference (every query runs through pyro_multihop.engine, in chunks under a memory budget) --------
+    def log_likelihood(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n,)`` exact ``log p(target | context, query)``, differentiable in the parameters.
 
-    # -- exact inference ---------------------------------------------------------------------------------
-    def log_likelihood(self, obs: Observations) -> torch.Tensor:
-        """``(n,)`` exact ``log p(target | context, query)``, differentiable in the parameters."""
+        :param budget: working-memory budget of one chunk in bytes (default
+            :func:`pyro_multihop.engine.get_memory_budget`).
+        """
         self.check_observations(obs)
-        return chain_log_likelihood(self.hop_chain(obs), self._log_emission(obs))
+        return engine.log_likelihood(self.hop_gates(), obs, budget)
 
-    def predict_proba(self, keys, values=None, query=None, mask=None) -> torch.Tensor:
+    def predict_proba(self, keys, values=None, query=None, mask=None, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(n, T)`` predictive target distribution, the hop latents marginalised.
 
         Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
         """
         obs = self._context(keys, values, query, mask)
-        weights = last_hop_prior(self.hop_chain(obs))  # (n, N)
-        return torch.einsum("ni,nit->nt", weights, self.emission[obs.values])
-
-    def posterior(self, obs: Observations) -> HopPosterior:
-        """Exact posterior over hop paths: log-likelihood, hop and pairwise marginals, MAP paths."""
-        self.check_observations(obs)
-        return chain_posterior(self.hop_chain(obs), self._log_emission(obs))
-
-    def hop_marginals(self, obs: Observations) -> torch.Tensor:
-        """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
-        return self.posterior(obs).hop_marginals
-
-    def map_paths(self, obs: Observations) -> torch.Tensor:
-        """``(n, L)`` LongTensor, the most probable hop path given the observation (Viterbi)."""
-        self.check_observations(obs)
-        return chain_map_paths(self.hop_chain(obs), self._log_emission(obs))
+        return engine.predict_proba(self.hop_gates(), obs, budget)
 
     @torch.no_grad()
-    def evaluate(self, obs: Observations) -> dict:
+    def posterior(self, obs: Observations, *, pairwise: bool = False, budget: Optional[int] = None) -> HopPosterior:
+        """Exact posterior over hop paths: log-likelihood, hop marginals, MAP paths, and the pairwise marginals
+        ``(L - 1, n, N, N)`` only with ``pairwise=True`` (otherwise None: they take ``O(n N^2)`` memory)."""
+        self.check_observations(obs)
+        gates = self.hop_gates()
+        L, n, N = self.n_hops, len(obs), obs.context_len
+        marginals = gates.log_emission.new_empty(L, n, N)
+        log_likelihood = gates.log_emission.new_empty(n)
+        pairs = gates.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
+        for part in engine.forward_backward_chunks(gates, obs, budget, pairwise=pairwise):
+            marginals[:, part.rows] = part.hop_marginals
+            log_likelihood[part.rows] = part.log_likelihood
+            if pairwise and L > 1:
+                pairs[:, part.rows] = part.pairwise
+        return HopPosterior(log_likelihood, marginals, pairs, engine.map_paths(gates, obs, budget))
+
+    @torch.no_grad()
+    def hop_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
+        self.check_observations(obs)
+        return engine.hop_marginals(self.hop_gates(), obs, budget)
+
+    @torch.no_grad()
+    def pairwise_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(L - 1, n, N, N)`` posterior ``p(z_l = i, z_{l+1} = j | observation)``."""
+        self.check_observations(obs)
+        return engine.pairwise_marginals(self.hop_gates(), obs, budget)
+
+    @torch.no_grad()
+    def value_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(L, n, S)`` posterior probability that hop ``l`` attends a position whose value symbol is ``s``."""
+        self.check_observations(obs)
+        return engine.value_marginals(self.hop_gates(), obs, budget)
+
+    @torch.no_grad()
+    def map_paths(self, obs: Observations, *, given_target: bool = True, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n, L)`` LongTensor, the most probable hop path given the observation (Viterbi; ties to the lowest
+        index). ``given_target=False``: the most probable path of the prior chain, ignoring the targets."""
+        self.check_observations(obs)
+        return engine.map_paths(self.hop_gates(), obs, budget, given_target=given_target)
+
+    @torch.no_grad()
+    def sample_paths(self, obs: Observations, num_samples: int, seed: Optional[int] = None, *,
+                     budget: Optional[int] = None) -> torch.Tensor:
+        """``(num_samples, n, L)`` hop paths drawn from the exact posterior given the target (forward
+        filtering, backward sampling). ``seed``: seed of a private generator (None: a random seed)."""
+        check_positive_int("num_samples", num_samples)
+        self.check_observations(obs)
+        gates = self.hop_gates()
+        generator = torch.Generator(device=gates.log_emission.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        return engine.sample_paths(gates, obs, num_samples, generator, budget)
+
+    @torch.no_grad()
+    def path_entropy(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n,)`` exact entropy, in nats, of the posterior over hop paths given the target."""
+        self.check_observations(obs)
+        return engine.path_entropy(self.hop_gates(), obs, budget)
+
+    @torch.no_grad()
+    def k_best_paths(self, obs: Observations, k: int, *, budget: Optional[int] = None):
+        """``(paths (n, k, L), log_probs (n, k))``: the ``k`` most probable hop paths given the target, best
+        first, with their posterior log-probabilities; where fewer than ``k`` paths exist the extra rows
+        have log-probability ``-inf``."""
+        check_positive_int("k", k)
+        self.check_observations(obs)
+        return engine.k_best_paths(self.hop_gates(), obs, k, budget)
+
+    @torch.no_grad()
+    def evaluate(self, obs: Observations, *, budget: Optional[int] = None) -> dict:
         """``{"log_likelihood": mean per observation, "accuracy": argmax-prediction accuracy, "n": n}``."""
         self.check_observations(obs)
         if len(obs) == 0:
             raise ValueError("obs must hold at least one observation to evaluate, got 0")
-        log_likelihood = self.log_likelihood(obs)
-        predicted = self.predict_proba(obs).argmax(-1)
+        log_likelihood = self.log_likelihood(obs, budget=budget)
+        predicted = self.predict_proba(obs, budget=budget).argmax(-1).to(obs.device)
         return {
             "log_likelihood": float(log_likelihood.mean()),
             "accuracy": float((predicted == obs.target).double().mean()),
@@ -212,7 +275,7 @@ class HopAttentionHead(PyroModule):
         last attended value.
         """
         generator, context = self._random_context(n, context_len, seed)
-        return self._sample_targets(context, self.hop_chain(context), generator)
+        return self._sample_targets(context, self.hop_gates(), generator)
 
     def _random_context(self, n: int, context_len: int, seed: Optional[int]):
         """A seeded generator and ``n`` uniform random contexts and queries (targets still 0)."""
@@ -228,11 +291,15 @@ class HopAttentionHead(PyroModule):
         query = torch.randint(self.num_symbols, (n,), generator=generator)
         return generator, Observations(keys, values, query, torch.zeros(n, dtype=torch.long))
 
-    def _sample_targets(self, context: Observations, chain: HopChain, generator: torch.Generator) -> Observations:
-        """Draw hop paths through ``chain`` and targets from the emission row of the last attended value."""
-        paths = chain_sample_paths(chain, generator)
-        last_values = context.values.gather(1, paths[:, -1:]).squeeze(1)
-        target = torch.multinomial(self.emission[last_values].float(), 1, generator=generator).squeeze(1)
+    def _sample_targets(self, context: Observations, gates: engine.HopGates, generator: torch.Generator) -> Observations:
+        """Draw hop paths through the prior chain of ``gates`` (in chunks) and targets from the emission row of
+        the last attended value."""
+        emission = gates.log_emission.exp().float().cpu()
+        target = torch.empty(len(context), dtype=torch.long)
+        for rows, chunk, chain, _ in engine.dense_chunks(gates, context, None):
+            paths = chain_sample_paths(HopChain(chain.init.cpu(), chain.trans.cpu()), generator)
+            last_values = chunk.values.cpu().gather(1, paths[:, -1:]).squeeze(1)
+            target[rows] = torch.multinomial(emission[last_values], 1, generator=generator).squeeze(1)
         return Observations(context.keys, context.values, context.query, target)
 
     def extra_repr(self) -> str:

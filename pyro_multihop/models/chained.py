@@ -161,6 +161,13 @@ class ChainedAttention(HopAttentionHead):
     def gate_logits(self, hop, keys, query, mask):
         return onehot_gate_logits(self.key_tables[hop], keys, query, mask, self.sigma2)
 
+    def gate_score_tables(self) -> torch.Tensor:
+        """``(L, S, S)``: ``scores[l, q, k] = (2 K_l[k, q] - ||K_l[k]||^2) / 2 sigma2``, the gate logit of query
+        symbol ``q`` meeting key symbol ``k`` at hop ``l + 1`` (:func:`onehot_gate_logits` up to a constant)."""
+        key_tables = self.key_tables
+        scores = (2.0 * key_tables - key_tables.pow(2).sum(-1, keepdim=True)) / (2.0 * self.sigma2)
+        return scores.transpose(-1, -2)
+
     @pyro_method
     @config_enumerate
     def model(self, obs: Observations, subsample_size: Optional[int] = None) -> None:

@@ -48,6 +48,7 @@ the posterior instead.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import pyro
@@ -56,15 +57,22 @@ import torch
 from pyro.infer import config_enumerate
 from pyro.nn import PyroParam, pyro_method
 
+from .. import engine
 from ..checks import check_number
 from ..data import Observations
 from ..gates import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
-from ..hop_chain import MASKED_LOGIT, HopChain, last_hop_prior
+from ..hop_chain import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
-__all__ = ["TiedEmbeddingAttention", "embedding_gate_logits", "embedding_gate_chain", "squared_distances"]
+__all__ = [
+    "TiedEmbeddingAttention",
+    "embedding_gate_logits",
+    "embedding_score_tables",
+    "embedding_hop_gates",
+    "squared_distances",
+]
 
 # Above this many elements in the (S, S', D) difference tensor, distances use the Gram form.
 _EXPLICIT_DIFFERENCE_LIMIT = 2**20
@@ -113,35 +121,17 @@ def embedding_gate_logits(
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
-def embedding_gate_chain(
-    embeddings: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    query: torch.Tensor,
-    mask: Optional[torch.Tensor],
-    sigma2: float,
-    n_hops: int,
-) -> HopChain:
-    """Log gate factors of the tied-embedding head for one value of the embeddings.
+def embedding_score_tables(embeddings: torch.Tensor, sigma2: float, n_hops: int) -> torch.Tensor:
+    """``(L, S, S)`` gate score tables of the tied head at ``embeddings (S, D)``: the same table
+    ``-||e_q - e_k||^2 / 2 sigma2`` at every hop (an expanded view)."""
+    return (squared_distances(embeddings) / (-2.0 * sigma2)).expand(n_hops, -1, -1)
 
-    ``init[n, i] = log softmax_i(-||e[query] - e[key_i]||^2 / 2 sigma2)`` and, the same for every hop,
-    ``trans[l, n, i, j] = log softmax_j(-||e[value_i] - e[key_j]||^2 / 2 sigma2)``.
 
-    :param embeddings: ``(S, D)``.
-    :param keys: ``(n, N)``. :param values: ``(n, N)``. :param query: ``(n,)``.
-    :param mask: ``(n, N)`` bool or None.
-    :returns: :class:`HopChain` with ``init (n, N)`` and ``trans (L - 1, n, N, N)`` (an expanded view).
-    """
-    distances = squared_distances(embeddings)  # (S, S)
-    init = log_normalize(embedding_gate_logits(distances, keys, query, mask, sigma2))
-    n, N = keys.shape
-    if n_hops == 1:
-        return HopChain(init, init.new_zeros(0, n, N, N))
-    # logits[n, i, j]: the query passed on by position i (its value) meets the key at position j.
-    trans = log_normalize(
-        embedding_gate_logits(distances, keys.unsqueeze(-2), values, None if mask is None else mask.unsqueeze(-2), sigma2)
-    )
-    return HopChain(init, trans.unsqueeze(0).expand(n_hops - 1, n, N, N))
+def embedding_hop_gates(embeddings: torch.Tensor, log_emission: torch.Tensor, sigma2: float, n_hops: int) -> engine.HopGates:
+    """The engine's view (:class:`~pyro_multihop.engine.HopGates`) of the tied head at ``embeddings (S, D)``
+    with the ``(S, T)`` log emission table."""
+    scores = embedding_score_tables(embeddings, sigma2, n_hops)
+    return engine.HopGates(log_emission, functools.partial(engine.chain_from_scores, scores), n_hops, scores)
 
 
 class TiedEmbeddingAttention(HopAttentionHead):
@@ -297,13 +287,22 @@ class TiedEmbeddingAttention(HopAttentionHead):
     # "embeddings" under the same scale_kl(kl_weight) and ignores the model's other arguments.
 
     # -- plug-in inference ------------------------------------------------------------------------------
+    def gate_score_tables(self, embeddings: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``(L, S, S)``: ``scores[l, q, k] = -||e_q - e_k||^2 / 2 sigma2`` (the same table at every hop), at
+        ``embeddings`` (``(S, D)``; default the posterior means)."""
+        return embedding_score_tables(self.guide.loc if embeddings is None else embeddings, self.sigma2, self.n_hops)
+
     def hop_chain(self, obs: Observations, embeddings: Optional[torch.Tensor] = None) -> HopChain:
         """Gate factors at ``embeddings`` (``(S, D)``; default the posterior means)."""
+        return engine.chain_from_scores(self.gate_score_tables(embeddings), obs)
+
+    def hop_gates(self, embeddings: Optional[torch.Tensor] = None) -> engine.HopGates:
+        """The engine's view of the head at ``embeddings`` (default the posterior means)."""
         embeddings = self.guide.loc if embeddings is None else embeddings
-        return embedding_gate_chain(embeddings, obs.keys, obs.values, obs.query, obs.mask, self.sigma2, self.n_hops)
+        return embedding_hop_gates(embeddings, self.log_emission, self.sigma2, self.n_hops)
 
     def predict_proba(self, keys, values=None, query=None, mask=None, *, num_samples: Optional[int] = None,
-                      seed: Optional[int] = None) -> torch.Tensor:
+                      seed: Optional[int] = None, budget: Optional[int] = None) -> torch.Tensor:
         """``(n, T)`` predictive target distribution, the hop latents marginalised.
 
         Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
@@ -313,14 +312,12 @@ class TiedEmbeddingAttention(HopAttentionHead):
         :param seed: seed of those draws.
         """
         if num_samples is None:
-            return super().predict_proba(keys, values, query, mask)
+            return super().predict_proba(keys, values, query, mask, budget=budget)
         obs = self._context(keys, values, query, mask)
         draws = self.sample_embeddings(num_samples, seed)
-        emission = self.emission[obs.values]  # (n, N, T)
         total = 0.0
         for embeddings in draws:
-            weights = last_hop_prior(self.hop_chain(obs, embeddings))
-            total = total + torch.einsum("ni,nit->nt", weights, emission)
+            total = total + engine.predict_proba(self.hop_gates(embeddings), obs, budget)
         return total / num_samples
 
     # -- generative sampler -----------------------------------------------------------------------------
@@ -342,7 +339,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
         draw = loc
         if embeddings == "posterior":
             draw = loc + scale * torch.randn(loc.shape, generator=generator, dtype=loc.dtype)
-        return self._sample_targets(context, self.hop_chain(context, draw), generator)
+        return self._sample_targets(context, self.hop_gates(draw), generator)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", embed_dim={self.embed_dim}, sigma2={self.sigma2}, annealing={self.annealing!r}"

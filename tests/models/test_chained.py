@@ -98,10 +98,12 @@ def test_predictive_matches_brute_force(hops, masked):
 def test_hop_and_pairwise_marginals_match_brute_force(hops, masked):
     head, obs = random_head(hops, seed=7), random_obs(seed=8, masked=masked)
     expected = brute_force(head, obs)
-    posterior = head.posterior(obs)
+    posterior = head.posterior(obs, pairwise=True)
     assert posterior.hop_marginals.shape == (hops, len(obs), N)
     assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-12)
     assert torch.allclose(posterior.pairwise_marginals, expected["pairwise_marginals"], atol=1e-12)
+    assert torch.allclose(head.pairwise_marginals(obs), expected["pairwise_marginals"], atol=1e-12)
+    assert head.posterior(obs).pairwise_marginals is None  # built only when asked for
     assert torch.allclose(head.hop_marginals(obs), expected["hop_marginals"], atol=1e-12)
     if masked:
         assert (posterior.hop_marginals.masked_select(~obs.mask.expand(hops, -1, -1)) == 0).all()

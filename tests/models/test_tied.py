@@ -13,7 +13,7 @@ from pyro.infer import TraceEnum_ELBO
 
 from pyro_multihop import ChainedAttention, Observations, transitive_task
 from pyro_multihop.guides import Constant, LinearAnnealing
-from pyro_multihop.models.tied import TiedEmbeddingAttention, embedding_gate_chain, squared_distances
+from pyro_multihop.models.tied import TiedEmbeddingAttention, squared_distances
 from pyro_multihop.train import fit_svi, svi_settings
 
 S, D, T, N = 5, 3, 4, 4
@@ -96,7 +96,7 @@ def test_plug_in_predictive_and_posterior_match_brute_force(hops, masked):
     expected = brute_force(head, obs)
     assert torch.allclose(head.predict_proba(obs.keys, obs.values, obs.query, obs.mask), expected["predictive"],
                           rtol=1e-10, atol=1e-13)
-    posterior = head.posterior(obs)
+    posterior = head.posterior(obs, pairwise=True)
     assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-12)
     assert torch.allclose(posterior.pairwise_marginals, expected["pairwise_marginals"], atol=1e-12)
     # The tied gate repeats across hops, so several paths can tie up to rounding: compare joints, not argmaxes.
@@ -320,7 +320,7 @@ def test_small_sigma2_matches_brute_force():
 
 def test_gate_chain_is_shared_by_every_hop():
     head, obs = random_head(3, seed=26), random_obs(seed=27)
-    chain = embedding_gate_chain(head.guide.loc, obs.keys, obs.values, obs.query, None, head.sigma2, 3)
+    chain = head.hop_chain(obs)
     assert chain.trans.shape == (2, len(obs), N, N) and torch.equal(chain.trans[0], chain.trans[1])
     assert torch.allclose(chain.init.exp().sum(-1), torch.ones(len(obs), dtype=torch.float64))
 
