@@ -1,7 +1,10 @@
 """pyro-multihop: chained (multi-hop) responsibility attention as a probabilistic model, in Pyro."""
 
+from . import engine
 from .data import Observations, chain_task, induction_task, transitive_task
 from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
+from .distributions import CollapsedHopChain
+from .engine import HopGates, get_memory_budget, memory_budget, set_memory_budget
 from .hop_chain import HopChain, HopPosterior
 from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
@@ -17,6 +20,12 @@ __all__ = [
     "induction_task",
     "HopChain",
     "HopPosterior",
+    "engine",
+    "HopGates",
+    "CollapsedHopChain",
+    "get_memory_budget",
+    "set_memory_budget",
+    "memory_budget",
     "HopAttentionHead",
     "ChainedAttention",
     "TiedEmbeddingAttention",

@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="SVI steps between checkpoints (default: a tenth of the steps)")
     train.add_argument("--resume", action="store_true", help="continue an SVI run from OUT/checkpoint.pt if it exists")
     train.add_argument("--jit", action="store_true", help="use JitTraceEnum_ELBO for the SVI loss")
+    train.add_argument("--collapsed", action="store_true",
+                       help="SVI on the collapsed model (hop path summed out by the engine; same loss, faster)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
 
@@ -364,6 +366,7 @@ def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         seed=args.seed,
         progress=not args.no_progress,
         jit=args.jit,
+        collapsed=args.collapsed,
         log_every=args.log_every,
         checkpoint=checkpoint_path,
         checkpoint_every=args.checkpoint_every,
@@ -395,8 +398,8 @@ def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype,
     from .em import ChainedEM
     from .em.chained import ConvergenceWarning
 
-    if args.batch_size is not None or args.lr is not None or args.resume or args.jit:
-        raise CommandError("--batch-size, --lr, --resume and --jit apply to --method svi only")
+    if args.batch_size is not None or args.lr is not None or args.resume or args.jit or args.collapsed:
+        raise CommandError("--batch-size, --lr, --resume, --jit and --collapsed apply to --method svi only")
     sigma2 = 0.1 if args.sigma2 is None else args.sigma2
     max_iters = args.steps or 100
     em = ChainedEM(args.hops, num_symbols, num_targets, sigma2=sigma2)
@@ -428,8 +431,8 @@ def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         from .em.variational import TiedEmbeddingVEM
     except ImportError as error:
         raise CommandError(f"--model tied --method em is not available: {error}") from None
-    if args.batch_size is not None or args.resume or args.jit:
-        raise CommandError("--batch-size, --resume and --jit apply to --method svi only")
+    if args.batch_size is not None or args.resume or args.jit or args.collapsed:
+        raise CommandError("--batch-size, --resume, --jit and --collapsed apply to --method svi only")
     if device.type != "cpu" or dtype != torch.get_default_dtype():
         raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
     sigma2 = 0.3 if args.sigma2 is None else args.sigma2
@@ -484,8 +487,6 @@ def _predict(args) -> int:
     import pandas as pd
     import torch
 
-    from .hop_chain import chain_map_paths
-
     if args.out.suffix != ".csv":
         raise CommandError(f"--out must end in .csv, got {str(args.out)!r}")
     device = _device(args.device)
@@ -495,11 +496,7 @@ def _predict(args) -> int:
     obs = obs.to(device)
     with torch.no_grad():
         probs = model.predict_proba(obs)
-        if has_target:
-            paths = model.map_paths(obs)
-        else:
-            chain = model.hop_chain(obs)
-            paths = chain_map_paths(chain, torch.zeros_like(chain.init))
+        paths = model.map_paths(obs, given_target=has_target)
     probs, paths = probs.cpu(), paths.cpu()
     predicted = probs.argmax(-1)
     columns = {"row": range(len(obs)), "query": obs.query.cpu().numpy()}

@@ -8,7 +8,7 @@ from pyro.distributions import TorchDistribution, constraints
 
 from .gates import log_normalize, table_gather
 
-__all__ = ["GateCategorical", "TableCategorical"]
+__all__ = ["GateCategorical", "TableCategorical", "CollapsedHopChain"]
 
 
 class GateCategorical(dist.Categorical):
@@ -79,3 +79,57 @@ class TableCategorical(TorchDistribution):
         values = torch.arange(self.log_table.shape[-1], device=self.index.device)
         values = values.reshape((-1,) + (1,) * len(self.batch_shape))
         return values.expand((-1,) + self.batch_shape) if expand else values
+
+
+class CollapsedHopChain(TorchDistribution):
+    """``p(target | context)`` with the hop path summed out exactly by the engine: the collapsed counterpart of
+    the enumerated hop sites, as Pyro's ``DiscreteHMM`` is of an enumerated HMM.
+
+    ``log_prob`` is :func:`pyro_multihop.engine.log_likelihood` (differentiable in the gate and emission
+    tables), so a model with one site ``target ~ CollapsedHopChain(gates, context)`` has the enumerated
+    model's exact loss and gradient without enumeration (``Trace_ELBO`` suffices).
+
+    :param gates: :class:`~pyro_multihop.engine.HopGates` of a head (``head.hop_gates()``).
+    :param context: :class:`~pyro_multihop.data.Observations` of ``n`` rows (their targets are ignored
+        except when ``log_prob`` is given that very tensor); the batch shape is ``(n,)``.
+    :param budget: the engine's working-memory budget per chunk, in bytes (None: the default).
+    """
+
+    arg_constraints = {}
+
+    def __init__(self, gates, context, budget=None, validate_args=None):
+        self.gates = gates
+        self.context = context
+        self.budget = budget
+        super().__init__(batch_shape=torch.Size([len(context)]), event_shape=torch.Size(), validate_args=validate_args)
+
+    @constraints.dependent_property(is_discrete=True, event_dim=0)
+    def support(self):
+        return constraints.integer_interval(0, self.gates.log_emission.shape[-1] - 1)
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise NotImplementedError(f"CollapsedHopChain cannot expand {tuple(self.batch_shape)} to {tuple(batch_shape)}")
+        return self
+
+    def _with_target(self, value: torch.Tensor):
+        from .data import Observations
+
+        context = self.context
+        if value is context.target:
+            return context
+        return Observations(context.keys, context.values, context.query, value, context.mask)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        from . import engine
+
+        if self._validate_args:
+            self._validate_sample(value)
+        return engine.log_likelihood(self.gates, self._with_target(value), self.budget)
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        from . import engine
+
+        with torch.no_grad():
+            probs = engine.predict_proba(self.gates, self.context, self.budget)
+        return torch.distributions.Categorical(probs=probs).sample(sample_shape)

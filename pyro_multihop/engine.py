@@ -209,13 +209,17 @@ class _SymbolTransitions:
         present = self.by_symbol(self.values, self.real) > 0  # value symbols at real positions
         floor = _floor(scores.dtype)
         self.ok = torch.ones(c, dtype=torch.bool, device=self.keys.device)
-        self.normalisers = []
+        normalisers = []
         for gate in self.gates:
             normaliser = key_counts @ gate.transpose(0, 1)  # R[c, v] = sum_j E[v, key_j]
             self.ok &= ((normaliser >= floor) | ~present).all(-1)
-            # Absent values are never divided by; failing rows are clamped so that every value (and every
-            # gradient through rows the caller discards) stays finite.
-            self.normalisers.append(torch.where(present, normaliser.clamp_min(floor), torch.ones_like(normaliser)))
+            normalisers.append(normaliser)
+        # Absent values are never divided by; the rows that fail are recomputed in log space by the caller, and
+        # get normaliser 1 here so that every value, and every (discarded) gradient through them, stays finite.
+        # 1 / R is formed as exp(-log R): the backward of a division squares R, which underflows for R < 1e-154
+        # in float64 (1e-19 in float32), and 0 * inf would turn a zero gradient into NaN.
+        divide = present & self.ok.unsqueeze(-1)
+        self.inverse_normalisers = [torch.where(divide, r, torch.ones_like(r)).log().neg().exp() for r in normalisers]
 
     def by_symbol(self, index: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``out[c, s] = sum_i x[c, i] [index[c, i] = s]``."""
@@ -223,7 +227,7 @@ class _SymbolTransitions:
 
     def leaving(self, hop: int, alpha: torch.Tensor) -> torch.Tensor:
         """``(c, S)``: ``sum_{i: value_i = v} alpha[i] / R[v]``, the mass leaving through value ``v``."""
-        return self.by_symbol(self.values, alpha) / self.normalisers[hop]
+        return self.by_symbol(self.values, alpha) * self.inverse_normalisers[hop]
 
     def arriving(self, beta: torch.Tensor) -> torch.Tensor:
         """``(c, S)``: ``sum_{j: key_j = k} beta[j]``."""
@@ -234,7 +238,7 @@ class _SymbolTransitions:
 
     def backward(self, hop: int, beta: torch.Tensor) -> torch.Tensor:
         arriving = self.arriving(beta) @ self.gates[hop].transpose(0, 1)
-        return (arriving / self.normalisers[hop]).gather(1, self.values) * self.real
+        return (arriving * self.inverse_normalisers[hop]).gather(1, self.values) * self.real
 
 
 class _PositionTransitions:
@@ -407,7 +411,7 @@ def _select_transitions(transitions, rows: torch.Tensor):
     selected.keys, selected.values, selected.real = transitions.keys[rows], transitions.values[rows], transitions.real[rows]
     selected.c, selected.S = len(rows), transitions.S
     selected.ok = transitions.ok[rows]
-    selected.normalisers = [r[rows] for r in transitions.normalisers]
+    selected.inverse_normalisers = [r[rows] for r in transitions.inverse_normalisers]
     return selected
 
 
@@ -418,7 +422,7 @@ def _pairwise(transitions, hop: int, alpha: torch.Tensor, beta: torch.Tensor, to
     else:
         gate = transitions.gates[hop]
         matrix = gate[transitions.values.unsqueeze(-1), transitions.keys.unsqueeze(-2)]
-        matrix = matrix / transitions.normalisers[hop].gather(1, transitions.values).unsqueeze(-1)
+        matrix = matrix * transitions.inverse_normalisers[hop].gather(1, transitions.values).unsqueeze(-1)
         matrix = matrix * transitions.real.unsqueeze(-2)
     return alpha.unsqueeze(-1) * matrix * beta.unsqueeze(-2) / total.view(-1, 1, 1)
 

@@ -58,7 +58,7 @@ from typing import Callable, Optional, Union
 import pandas as pd
 import pyro
 import torch
-from pyro.infer import JitTraceEnum_ELBO, TraceEnum_ELBO
+from pyro.infer import JitTrace_ELBO, JitTraceEnum_ELBO, Trace_ELBO, TraceEnum_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
 from tqdm.auto import tqdm
 
@@ -165,18 +165,26 @@ def _make_optimizer(model, settings) -> ClippedAdam:
 
 # -- the loss ----------------------------------------------------------------------------------------------
 class _Loss:
-    """Per-observation negative ELBO of ``model`` on ``obs``: a training estimate and the full-data value."""
+    """Per-observation negative ELBO of ``model`` on ``obs``: a training estimate and the full-data value.
 
-    def __init__(self, model, obs: Observations, batch_size: Optional[int], jit: bool):
+    ``collapsed``: the model is ``model.collapsed_model`` (the hop path summed out by the engine, no
+    enumerated site) under ``Trace_ELBO``; otherwise ``model.model`` under ``TraceEnum_ELBO``.
+    """
+
+    def __init__(self, model, obs: Observations, batch_size: Optional[int], jit: bool, collapsed: bool = False):
         self.model = model
         self.obs = obs
         self.n = len(obs)
         self.subsample_size = batch_size if batch_size is not None and batch_size < self.n else None
-        self.exact_elbo = TraceEnum_ELBO(max_plate_nesting=1)
+        self.model_fn = model.collapsed_model if collapsed else model.model
+        self.exact_elbo = Trace_ELBO() if collapsed else TraceEnum_ELBO(max_plate_nesting=1)
         self.jit = jit
         if jit:
-            self.train_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
-            self._jit_model, self._jit_guide = _tensor_signature(model.model), _tensor_signature(model.guide)
+            if collapsed:
+                self.train_elbo = JitTrace_ELBO(ignore_jit_warnings=True)
+            else:
+                self.train_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
+            self._jit_model, self._jit_guide = _tensor_signature(self.model_fn), _tensor_signature(model.guide)
         else:
             self.train_elbo = self.exact_elbo
 
@@ -190,7 +198,7 @@ class _Loss:
         if self.subsample_size is not None:
             kwargs["subsample_size"] = self.subsample_size
         if not self.jit:
-            return self.train_elbo.differentiable_loss(self.model.model, self.model.guide, self.obs, **kwargs) / self.n
+            return self.train_elbo.differentiable_loss(self.model_fn, self.model.guide, self.obs, **kwargs) / self.n
         args, static = _tensor_arguments(self.obs, kwargs)
         return self.train_elbo.differentiable_loss(self._jit_model, self._jit_guide, *args, **static) / self.n
 
@@ -198,7 +206,7 @@ class _Loss:
     def full(self, step: int) -> float:
         """Per-observation loss on all of ``obs``, without gradients."""
         kwargs = self.model.svi_kwargs(step)
-        return float(self.exact_elbo.loss(self.model.model, self.model.guide, self.obs, **kwargs)) / self.n
+        return float(self.exact_elbo.loss(self.model_fn, self.model.guide, self.obs, **kwargs)) / self.n
 
 
 _OBSERVATION_FIELDS = ("keys", "values", "query", "target", "mask")
@@ -344,6 +352,7 @@ def fit_svi(
     checkpoint: Union[None, str, os.PathLike] = None,
     checkpoint_every: Optional[int] = None,
     resume: bool = True,
+    collapsed: bool = False,
 ) -> pd.DataFrame:
     """Fit ``model``'s parameters to ``obs`` by SVI on ``TraceEnum_ELBO`` (see the module docstring).
 
@@ -357,6 +366,9 @@ def fit_svi(
         torch random state is left as it was. None draws from the global stream instead.
     :param bool progress: show a tqdm progress bar.
     :param bool jit: use ``JitTraceEnum_ELBO`` (traced once per mini-batch size) for the training loss.
+    :param bool collapsed: train ``model.collapsed_model`` (the hop path summed out by the engine:
+        :class:`~pyro_multihop.distributions.CollapsedHopChain`) under ``Trace_ELBO`` instead of the enumerated
+        ``model.model`` under ``TraceEnum_ELBO``: the same loss and gradient, several times faster.
     :param callback: ``callback(step, model, row)`` after every logged row; returning True stops the fit.
     :param checkpoint: optional path; the model, optimiser, random and guard state are saved there every
         ``checkpoint_every`` steps and at the end.
@@ -382,6 +394,10 @@ def fit_svi(
     """
     if not callable(getattr(model, "model", None)) or not callable(getattr(model, "guide", None)):
         raise TypeError(f"model must be a head with model and guide methods, got {type(model).__name__}")
+    if not isinstance(collapsed, bool):
+        raise TypeError(f"collapsed must be a bool, got {collapsed!r}")
+    if collapsed and not callable(getattr(model, "collapsed_model", None)):
+        raise TypeError(f"collapsed=True needs a head with a collapsed_model method, got {type(model).__name__}")
     if not isinstance(obs, Observations):
         raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
     if len(obs) == 0:
@@ -412,12 +428,13 @@ def fit_svi(
         if seed is not None:
             torch.manual_seed(int(seed))
         with pyro.get_param_store().scope():
-            return _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device)
+            return _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device,
+                        collapsed)
 
 
-def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device):
+def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device, collapsed):
     num_steps, log_every = settings["num_steps"], settings["log_every"]
-    loss = _Loss(model, obs, settings["batch_size"], jit)
+    loss = _Loss(model, obs, settings["batch_size"], jit, collapsed)
     optimizer = _make_optimizer(model, settings)
     guard = _Guard(settings["divergence_threshold"], settings["divergence_lr_factor"])
     rows, start, resumed_from, elapsed_before = [], 0, None, 0.0

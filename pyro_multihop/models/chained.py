@@ -38,6 +38,7 @@ from pyro.infer import config_enumerate
 from pyro.nn import PyroParam, pyro_method
 
 from ..data import Observations
+from ..distributions import CollapsedHopChain
 from ..gates import table_gather
 from ..hop_chain import MASKED_LOGIT
 from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
@@ -185,6 +186,19 @@ class ChainedAttention(HopAttentionHead):
                 return onehot_gate_logits(key_tables[hop], batch.keys, query, batch.mask, self.sigma2)
 
             sample_hop_path(gate_logits, self.n_hops, batch.query, batch.values, log_emission, batch.target)
+
+    @pyro_method
+    def collapsed_model(self, obs: Observations, subsample_size: Optional[int] = None) -> None:
+        """The model with the hop path summed out: one site ``target ~ CollapsedHopChain`` per observation.
+
+        Same plate, same exact likelihood and gradient as :meth:`model`, without enumeration (train it with
+        ``Trace_ELBO``, or ``fit_svi(..., collapsed=True)``); the empty :meth:`guide` serves both.
+        """
+        self.check_observations(obs)
+        gates = self.hop_gates()
+        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
+            pyro.sample("target", CollapsedHopChain(gates, batch), obs=batch.target)
 
     @pyro_method
     def guide(self, obs: Observations, subsample_size: Optional[int] = None) -> None:

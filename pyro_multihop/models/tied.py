@@ -60,6 +60,7 @@ from pyro.nn import PyroParam, pyro_method
 from .. import engine
 from ..checks import check_number
 from ..data import Observations
+from ..distributions import CollapsedHopChain
 from ..gates import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
@@ -282,6 +283,20 @@ class TiedEmbeddingAttention(HopAttentionHead):
                 return embedding_gate_logits(distances, batch.keys, query, batch.mask, self.sigma2)
 
             sample_hop_path(gate_logits, self.n_hops, batch.query, batch.values, log_emission, batch.target)
+
+    @pyro_method
+    def collapsed_model(self, obs: Observations, subsample_size: Optional[int] = None, kl_weight=1.0) -> None:
+        """:meth:`model` with the hop path summed out by the engine: site ``embeddings`` under
+        ``scale_kl(kl_weight)``, then ``target ~ CollapsedHopChain`` in the plate ``observations``. Same guide,
+        same loss and gradient for a given draw of the embeddings, no enumerated sites (``Trace_ELBO``)."""
+        self.check_observations(obs)
+        check_kl_weight(kl_weight)
+        with scale_kl(kl_weight):
+            embeddings = pyro.sample("embeddings", self.prior())
+        gates = embedding_hop_gates(embeddings, self.log_emission, self.sigma2, self.n_hops)
+        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
+            pyro.sample("target", CollapsedHopChain(gates, batch), obs=batch.target)
 
     # ``guide`` is the submodule MeanFieldNormalGuide: guide(obs, subsample_size=None, kl_weight=1.0) draws
     # "embeddings" under the same scale_kl(kl_weight) and ignores the model's other arguments.

@@ -1,0 +1,254 @@
+"""The exact engine: both routes, the log-space recompute, chunking under a budget, and the collapsed loss,
+each against brute-force enumeration of every hop path (float64) or against the enumerated Pyro model."""
+
+import math
+
+import oracle
+import pyro
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from pyro.infer import Trace_ELBO, TraceEnum_ELBO
+
+from pyro_multihop import ChainedAttention, TiedEmbeddingAttention, engine, fit_svi, transitive_task
+from pyro_multihop.distributions import CollapsedHopChain
+
+S, T, N = 5, 4, 4
+HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
+MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
+HEADS = pytest.mark.parametrize("kind", ["chained", "tied"])
+# math.inf forces the symbol route at every size, 0 the dense positions route.
+ROUTES = pytest.mark.parametrize("ratio", [math.inf, 0.0], ids=["symbols", "positions"])
+
+
+def make_head(kind, hops, seed=0, sigma2=0.6, scale=1.0, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    emission = torch.rand(S, T, generator=generator, dtype=dtype).softmax(-1)
+    if kind == "chained":
+        tables = scale * torch.randn(hops, S, S, generator=generator, dtype=dtype)
+        return ChainedAttention(hops, S, T, sigma2=sigma2, key_tables=tables, emission=emission)
+    loc = scale * torch.randn(S, 3, generator=generator, dtype=dtype)
+    return TiedEmbeddingAttention(S, 3, T, n_hops=hops, sigma2=sigma2, loc=loc, emission=emission)
+
+
+def vectors(head, obs):
+    if isinstance(head, ChainedAttention):
+        return oracle.onehot_vectors(head.key_tables, obs)
+    embeddings = head.guide.loc.detach().double()
+    return embeddings[obs.query], [embeddings[obs.keys]] * head.n_hops, embeddings[obs.values]
+
+
+def brute_force(head, obs):
+    emission = head.emission.detach().double()
+    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask)
+    return oracle.summarise(tables, obs.context_len, emission=emission, values=obs.values)
+
+
+def random_obs(n=7, seed=1, masked=False, context=N):
+    return oracle.random_observations(n, S, T, context, seed, masked)
+
+
+@HEADS
+@HOPS
+@MASKED
+@ROUTES
+def test_every_query_matches_brute_force_on_both_routes(kind, hops, masked, ratio, monkeypatch):
+    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head(kind, hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
+    expected = brute_force(head, obs)
+    assert torch.allclose(head.log_likelihood(obs), expected["log_likelihood"], rtol=1e-12, atol=0)
+    assert torch.allclose(head.hop_marginals(obs), expected["hop_marginals"], atol=1e-13)
+    assert torch.allclose(head.pairwise_marginals(obs), expected["pairwise_marginals"], atol=1e-13)
+    assert torch.allclose(head.predict_proba(obs), expected["predictive"], atol=1e-13)
+    onehot_values = torch.nn.functional.one_hot(obs.values, S).double()  # (n, N, S)
+    by_value = torch.einsum("lni,nis->lns", expected["hop_marginals"], onehot_values)
+    assert torch.allclose(head.value_marginals(obs), by_value, atol=1e-13)
+
+
+@HEADS
+@HOPS
+@ROUTES
+def test_underflowing_rows_are_recomputed_in_log_space(kind, hops, ratio, monkeypatch):
+    """sigma2 = 1e-3 with far-apart keys: gate weights exp(-10^4) underflow in probability space."""
+    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0), random_obs(n=9, seed=21, masked=True)
+    expected = brute_force(head, obs)
+    log_likelihood = head.log_likelihood(obs)
+    assert torch.isfinite(log_likelihood).all()
+    assert torch.allclose(log_likelihood, expected["log_likelihood"], rtol=1e-10)
+    assert torch.allclose(head.hop_marginals(obs), expected["hop_marginals"], atol=1e-10)
+
+
+@HEADS
+@HOPS
+@ROUTES
+def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch):
+    """The differentiable log-likelihood of either route (underflowing rows included) has the gradient of the
+    plain log-space forward recursion on the head's dense chain."""
+    from pyro_multihop.hop_chain import chain_log_likelihood
+
+    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    for sigma2, scale in ((0.6, 1.0), (1e-3, 2.0)):
+        head, obs = make_head(kind, hops, seed=30, sigma2=sigma2, scale=scale), random_obs(n=8, seed=31, masked=True)
+        parameters = list(head.parameters())
+        engine_grads = torch.autograd.grad(head.log_likelihood(obs).sum(), parameters, allow_unused=True)
+        log_emission = head.log_emission[obs.values, obs.target.unsqueeze(-1)]
+        reference = chain_log_likelihood(head.hop_chain(obs), log_emission).sum()
+        reference_grads = torch.autograd.grad(reference, parameters, allow_unused=True)
+        for got, want in zip(engine_grads, reference_grads):
+            if want is None:  # the tied head's posterior scale: plug-in queries use the posterior means only
+                assert got is None
+                continue
+            assert torch.isfinite(got).all()
+            assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+@HEADS
+@ROUTES
+def test_chunking_does_not_change_the_answers(kind, ratio, monkeypatch):
+    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head(kind, 3, seed=40), random_obs(n=50, seed=41, masked=True)
+    tiny = 1  # byte: one row per chunk
+    assert torch.allclose(head.log_likelihood(obs, budget=tiny), head.log_likelihood(obs), rtol=1e-13)
+    assert torch.allclose(head.hop_marginals(obs, budget=tiny), head.hop_marginals(obs), atol=1e-14)
+    assert torch.allclose(head.predict_proba(obs, budget=tiny), head.predict_proba(obs), atol=1e-14)
+    assert torch.equal(head.map_paths(obs, budget=tiny), head.map_paths(obs))
+    with engine.memory_budget(tiny):
+        assert torch.allclose(head.value_marginals(obs), head.value_marginals(obs, budget=2**30), atol=1e-14)
+
+
+class _LargestTensor(TorchFunctionMode):
+    """Records the sizes of the tensors torch functions return while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.sizes.append(tensor.numel())
+        return out
+
+
+@pytest.mark.parametrize("query", ["log_likelihood", "hop_marginals", "predict_proba", "map_paths"])
+@ROUTES
+def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, monkeypatch):
+    """With a budget of 64 KiB, nothing but the query's output and tensors the size of one input field (the
+    validation of the symbols) is larger than 64 KiB of float64 elements."""
+    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head("chained", 3, seed=50), random_obs(n=3000, seed=51, context=12)
+    budget = 64 * 1024
+    with torch.no_grad(), _LargestTensor() as spy:
+        out = getattr(head, query)(obs, budget=budget)
+    output_size = out.numel()
+    others = [size for size in spy.sizes if size != output_size]
+    assert max(others) <= max(budget // 8, obs.keys.numel()), max(others)
+    assert len(obs) * 12 * 12 > budget // 8  # an (n, N, N) tensor would have broken the bound
+
+
+@pytest.mark.parametrize("budget, error", [(0, ValueError), (-5, ValueError), (math.inf, ValueError),
+                                           ("1GB", TypeError), (True, TypeError)])
+def test_a_bad_budget_is_refused_by_name(budget, error):
+    head, obs = make_head("chained", 2), random_obs()
+    with pytest.raises(error, match="budget"):
+        head.log_likelihood(obs, budget=budget)
+    with pytest.raises(error, match="budget"):
+        engine.set_memory_budget(budget)
+    assert engine.get_memory_budget() == engine.DEFAULT_MEMORY_BUDGET
+
+
+def test_the_symbol_route_needs_score_tables():
+    head, obs = make_head("chained", 2), random_obs()
+    gates = head.hop_gates()._replace(scores=None)
+    assert engine.choose_route(gates, N) == "positions"
+    with pytest.raises(ValueError, match="symbols"):
+        next(engine.forward_backward_chunks(gates, obs, route="symbols"))
+
+
+# -- the collapsed distribution ----------------------------------------------------------------------------
+def losses_and_grads(head, obs, collapsed, seed=0, **kwargs):
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        if collapsed:
+            loss = Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs, **kwargs)
+        else:
+            loss = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs, **kwargs)
+        return loss, torch.autograd.grad(loss, list(head.parameters()))
+
+
+def relative_error(got, want):
+    """Relative error in norm (gradient entries may cancel to about 0)."""
+    return float(torch.linalg.vector_norm(got.double() - want.double()) / torch.linalg.vector_norm(want.double()))
+
+
+@HEADS
+@HOPS
+def test_collapsed_loss_and_gradient_equal_the_enumerated_ones_in_float64(kind, hops):
+    head, obs = make_head(kind, hops, seed=60), random_obs(n=40, seed=61, masked=True, context=6)
+    kwargs = {"kl_weight": 0.3} if kind == "tied" else {}
+    enumerated, enumerated_grads = losses_and_grads(head, obs, collapsed=False, **kwargs)
+    collapsed, collapsed_grads = losses_and_grads(head, obs, collapsed=True, **kwargs)
+    assert relative_error(collapsed.detach(), enumerated.detach()) <= 1e-12
+    for got, want in zip(collapsed_grads, enumerated_grads):
+        assert relative_error(got, want) <= 1e-12
+
+
+@HEADS
+@HOPS
+def test_collapsed_loss_and_gradient_in_float32(kind, hops):
+    """float32: the losses agree to 1e-6. Two float32 computations of one gradient cannot agree to 1e-6: the
+    enumerated gradient itself is 1e-6 to 3e-6 (in norm) away from the float64 one here, so each is held to
+    1e-5 of the float64 gradient, and the collapsed one may not be worse than twice the enumerated error."""
+    obs = random_obs(n=40, seed=61, masked=True, context=6)
+    kwargs = {"kl_weight": 0.3} if kind == "tied" else {}
+    _, exact_grads = losses_and_grads(make_head(kind, hops, seed=60), obs, collapsed=False, **kwargs)
+    head = make_head(kind, hops, seed=60).float()
+    enumerated, enumerated_grads = losses_and_grads(head, obs, collapsed=False, **kwargs)
+    collapsed, collapsed_grads = losses_and_grads(head, obs, collapsed=True, **kwargs)
+    assert collapsed.dtype == torch.float32
+    assert relative_error(collapsed.detach(), enumerated.detach()) <= 1e-6
+    for got, want, exact in zip(collapsed_grads, enumerated_grads, exact_grads):
+        assert relative_error(want, exact) <= 1e-5
+        assert relative_error(got, exact) <= 1e-5
+        assert relative_error(got, exact) <= 2 * relative_error(want, exact)
+
+
+def test_collapsed_loss_is_the_exact_negative_log_likelihood():
+    head, obs = make_head("chained", 2, seed=62), random_obs(n=9, seed=63, masked=True)
+    loss, _ = losses_and_grads(head, obs, collapsed=True)
+    assert torch.allclose(loss, -brute_force(head, obs)["log_likelihood"].sum(), rtol=1e-12)
+    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    assert distribution.batch_shape == (len(obs),)
+    other = torch.randint(T, (len(obs),), generator=torch.Generator().manual_seed(0))
+    relabelled = oracle.random_observations(9, S, T, N, 63, True)
+    relabelled.target = other
+    assert torch.allclose(distribution.log_prob(other), brute_force(head, relabelled)["log_likelihood"], rtol=1e-12)
+
+
+def test_collapsed_sampling_follows_the_predictive():
+    head = make_head("chained", 2, seed=64)
+    obs = random_obs(n=1, seed=65)
+    obs = obs[torch.zeros(20000, dtype=torch.long)]
+    draws = CollapsedHopChain(head.hop_gates(), obs).sample()
+    frequencies = torch.bincount(draws, minlength=T).double() / len(obs)
+    expected = brute_force(head, obs[:1])["predictive"][0]
+    assert torch.allclose(frequencies, expected, atol=0.015)  # 4.5 standard errors at p = 0.5, n = 20000
+
+
+@HEADS
+def test_fit_svi_collapsed_follows_the_enumerated_trajectory(kind):
+    train = transitive_task(60, num_symbols=T, pairs=2, seed=0)
+    heads = [make_head(kind, 2, seed=70) for _ in range(2)]
+    metrics = [fit_svi(head, train, num_steps=20, progress=False, collapsed=collapsed, log_every=5)
+               for head, collapsed in zip(heads, (False, True))]
+    assert torch.allclose(torch.tensor(metrics[0]["loss"].values), torch.tensor(metrics[1]["loss"].values), rtol=1e-8)
+    for a, b in zip(heads[0].parameters(), heads[1].parameters()):
+        assert torch.allclose(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_fit_svi_collapsed_needs_a_bool():
+    head = make_head("chained", 2)
+    with pytest.raises(TypeError, match="collapsed"):
+        fit_svi(head, random_obs(), num_steps=1, progress=False, collapsed="yes")
