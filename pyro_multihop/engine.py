@@ -483,12 +483,13 @@ def predict_proba(gates: HopGates, obs: Observations, budget=None) -> torch.Tens
     route = choose_route(gates, N)
     device = gates.log_emission.device
     emission = gates.log_emission.exp()
-    rows_per_chunk = _rows_per_chunk(gates, N, route, budget, extra=min(N, S) * T + T)
+    by_symbol = S <= 4 * N  # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
+    rows_per_chunk = _rows_per_chunk(gates, N, route, budget, extra=(S if by_symbol else N * T) + T)
     out = emission.new_empty(n, T)
     for rows in _chunks(n, rows_per_chunk):
         chunk = _device_chunk(obs, rows, device)
         alpha = _forward(_prepare(gates, chunk, route), gates.n_hops)[-1]  # (c, N) p(z_L = i)
-        if S <= N:  # mix by value symbol: (c, S) x (S, T)
+        if by_symbol:
             weights = alpha.new_zeros(len(chunk), S).scatter_add_(1, chunk.values, alpha)
             out[rows] = weights @ emission
         else:
