@@ -111,11 +111,12 @@ def _log_step(message: torch.Tensor, trans: torch.Tensor):
     return torch.logsumexp(message.unsqueeze(-1) + trans, dim=-2), None
 
 
-def _top(scores: torch.Tensor, k: int):
-    """The ``min(k, size)`` largest entries along dim -2, best first (``k = 1``: ties to the lowest index)."""
+def _top(scores: torch.Tensor, k: int, dim: int):
+    """The ``min(k, size)`` largest entries along ``dim`` and their indices, best first (``k = 1``: ties to
+    the lowest index)."""
     if k == 1:
-        return scores.max(dim=-2, keepdim=True)
-    return scores.topk(min(k, scores.shape[-2]), dim=-2)
+        return scores.max(dim=dim, keepdim=True)
+    return scores.topk(min(k, scores.shape[dim]), dim=dim)
 
 
 def _kmax_step(k: int) -> Step:
@@ -125,7 +126,7 @@ def _kmax_step(k: int) -> Step:
 
     def step(message, trans):
         scores = message.unsqueeze(-1) + trans.unsqueeze(-3)  # (n, r, N_from, N_to)
-        return _top(scores.flatten(-3, -2), k)
+        return _top(scores.flatten(-3, -2), k, dim=-2)
 
     return step
 
@@ -147,15 +148,12 @@ def _k_best(chain: HopChain, log_emission: torch.Tensor, k: int):
     N = chain.init.shape[-1]
     messages, pointers = _recurse(chain.init.unsqueeze(-2), chain.trans, _kmax_step(k))
     final = (messages[-1] + log_emission.unsqueeze(-2)).flatten(-2)  # (n, r * N)
-    scores, flat = _top(final.unsqueeze(-1), k)
-    flat = flat.squeeze(-1)
-    rank, position = flat // N, flat % N
-    path = [position]
+    scores, flat = _top(final, k, dim=-1)
+    # Follow the backpointers as flat indices ``rank * N + position`` into each hop's message.
+    path = [flat]
     for pointer in reversed(pointers):
-        previous = pointer.flatten(-2).gather(-1, rank * N + position)
-        rank, position = previous // N, previous % N
-        path.insert(0, position)
-    return scores.squeeze(-1), torch.stack(path, dim=-1)
+        path.insert(0, pointer.flatten(-2).gather(-1, path[0]))
+    return scores, torch.stack(path, dim=-1) % N
 
 
 def _check_log_emission(chain: HopChain, log_emission: torch.Tensor) -> None:
@@ -260,22 +258,32 @@ def chain_sample_posterior(
     with torch.no_grad():
         alphas = _forward(chain)
         n, N = chain.init.shape
-        last = (alphas[-1] + log_emission).softmax(-1)
-        position = torch.multinomial(last, num_samples, replacement=True, generator=generator)  # (n, s)
+        # z_L: num_samples draws per observation from one (n, N) distribution.
+        position = _inverse_cdf(alphas[-1] + log_emission, num_samples, generator)  # (n, s)
         path = [position]
         for alpha, trans in zip(reversed(alphas[:-1]), reversed(chain.trans)):
             # Column z_{l+1} of each observation's transition, one per draw: (n, s, N_from).
-            columns = trans.gather(-1, position.unsqueeze(-2).expand(n, N, num_samples)).transpose(-1, -2)
-            probs = (alpha.unsqueeze(-2) + columns).softmax(-1)
-            position = torch.multinomial(probs.reshape(-1, N), 1, generator=generator).view(n, num_samples)
+            columns = trans.transpose(-1, -2).gather(-2, position.unsqueeze(-1).expand(n, num_samples, N))
+            position = _inverse_cdf(alpha.unsqueeze(-2) + columns, 1, generator).squeeze(-1)
             path.insert(0, position)
         return torch.stack(path, dim=-1).permute(1, 0, 2).contiguous()
 
 
-def _plogp(log_p: torch.Tensor) -> torch.Tensor:
-    """``p log p`` from ``log p``, 0 where ``p`` is 0 (also for ``log p = -inf``)."""
-    p = log_p.exp()
-    return torch.where(p > 0, p * log_p, torch.zeros_like(p))
+def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``,
+    by inverse CDF (several times faster than ``torch.multinomial`` on many short rows).
+
+    ``u`` is uniform below the row total, and the first position whose cumulative weight exceeds ``u``
+    has a positive weight, so a position of probability zero is never drawn.
+    """
+    weights = (logits - logits.amax(-1, keepdim=True)).exp()
+    cdf = weights.cumsum(-1)
+    total = cdf[..., -1:]
+    uniform = torch.rand(cdf.shape[:-1] + (num_draws,), generator=generator, dtype=cdf.dtype, device=cdf.device)
+    # rand < 1 keeps rand * total below the total under round-to-nearest; the bound guards it anyway.
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    u = torch.minimum(uniform * total, below_total)
+    return torch.searchsorted(cdf, u, right=True)
 
 
 def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
@@ -296,11 +304,17 @@ def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
         alphas = _forward(chain)
         log_posterior = log_normalize(alphas[-1] + log_emission)  # log p(z_L | target), (n, N)
         posterior = log_posterior.exp()
-        entropy = -_plogp(log_posterior).sum(-1)
-        for alpha, trans in zip(reversed(alphas[:-1]), reversed(chain.trans)):
-            log_conditional = (alpha.unsqueeze(-1) + trans).log_softmax(-2)  # log p(z_l = i | z_{l+1} = j)
-            entropy -= (_plogp(log_conditional).sum(-2) * posterior).sum(-1)
-            posterior = torch.matmul(log_conditional.exp(), posterior.unsqueeze(-1)).squeeze(-1)  # p(z_l | target)
+        # The emission may hold -inf: take 0 log 0 = 0 explicitly.
+        entropy = -torch.where(posterior > 0, posterior * log_posterior, torch.zeros_like(posterior)).sum(-1)
+        for alpha, trans, alpha_next in zip(reversed(alphas[:-1]), reversed(chain.trans), reversed(alphas[1:])):
+            # log p(z_l = i | z_{l+1} = j) = alpha_l(i) + trans(i, j) - alpha_{l+1}(j), (n, N_i, N_j). The
+            # factors are finite, so it is too (0 log 0 never appears); in a column j of probability 0
+            # (padding) it is meaningless but <= 0, and weighted by p(z_{l+1} = j | target) = 0.
+            log_conditional = (alpha.unsqueeze(-1) + trans - alpha_next.unsqueeze(-2)).clamp_(max=0)
+            conditional = log_conditional.exp()
+            column_entropy = -(conditional * log_conditional).sum(-2)  # H(z_l | z_{l+1} = j), (n, N_j)
+            entropy += (column_entropy * posterior).sum(-1)
+            posterior = torch.matmul(conditional, posterior.unsqueeze(-1)).squeeze(-1)  # p(z_l | target)
         return entropy
 
 

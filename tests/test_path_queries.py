@@ -183,6 +183,21 @@ def test_a_draw_of_a_zero_probability_path_fails_the_test():
     assert p_value == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("extreme", ["lowest", "highest"])
+def test_extreme_uniforms_never_draw_a_padding_position(monkeypatch, dtype, extreme):
+    """The sampler's uniforms at 0 and at the largest float below 1 pick the first and the last position of
+    positive probability: with positions 0 and 3 padded, 1 and 2, never a padding position (nor an index
+    out of range)."""
+    chain, log_emission, _ = random_chain(n=2, N=4, hops=3, seed=13, dtype=dtype)
+    mask = torch.tensor([False, True, True, False]).expand(2, 4)
+    chain = HopChain(masked_log_softmax(chain.init, mask), masked_log_softmax(chain.trans, mask.unsqueeze(-2)))
+    value = 0.0 if extreme == "lowest" else 1.0 - torch.finfo(dtype).eps / 2
+    monkeypatch.setattr(torch, "rand", lambda *size, **kwargs: torch.full(*size, value, dtype=kwargs["dtype"]))
+    draws = chain_sample_posterior(chain, log_emission, 5)
+    assert (draws == (1 if extreme == "lowest" else 2)).all()
+
+
 def test_posterior_draws_are_reproducible_with_a_seeded_generator():
     chain, log_emission, _ = random_chain(hops=3, seed=9)
     first = chain_sample_posterior(chain, log_emission, 50, torch.Generator().manual_seed(1))
