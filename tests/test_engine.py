@@ -161,7 +161,7 @@ def test_a_bad_budget_is_refused_by_name(budget, error):
 
 def test_the_symbol_route_needs_score_tables():
     head, obs = make_head("chained", 2), random_obs()
-    gates = head.hop_gates()._replace(scores=None)
+    gates = head.hop_gates().replace(scores=None)
     assert engine.choose_route(gates, N) == "positions"
     with pytest.raises(ValueError, match="symbols"):
         next(engine.forward_backward_chunks(gates, obs, route="symbols"))
@@ -302,3 +302,16 @@ def test_path_queries_refuse_bad_counts_by_name(query, args, name):
     head, obs = make_head("chained", 2), random_obs()
     with pytest.raises(ValueError, match=name):
         getattr(head, query)(obs, *args)
+
+
+@HOPS
+def test_a_gate_without_score_tables_runs_on_its_dense_factors(hops):
+    """A head whose gate has position terms hands the engine only its dense log factors: same answers."""
+    head, obs = make_head("chained", hops, seed=90), random_obs(n=12, seed=91, masked=True)
+    with_tables = head.hop_gates()
+    without = with_tables.replace(scores=None)
+    assert torch.allclose(engine.log_likelihood(without, obs), engine.log_likelihood(with_tables, obs), rtol=1e-12)
+    assert torch.allclose(engine.hop_marginals(without, obs), engine.hop_marginals(with_tables, obs), atol=1e-13)
+    assert torch.allclose(engine.predict_proba(without, obs), engine.predict_proba(with_tables, obs), atol=1e-13)
+    assert torch.allclose(engine.pairwise_marginals(without, obs), brute_force(head, obs)["pairwise_marginals"],
+                          atol=1e-13)
