@@ -1,4 +1,4 @@
-"""Exact inference over the hop chain ``z_1 -> z_2 -> ... -> z_L`` (forward-backward, Viterbi, sampling).
+"""Exact inference over the hop chain of latents ``z_1..z_L``: forward-backward, Viterbi, sampling.
 
 The hop latents of every model in this library form a time-inhomogeneous Markov chain over the ``N``
 context positions, with an emission only after the last hop. A model describes one batch of chains by
