@@ -1,5 +1,5 @@
-"""Exact inference over the hop chain ``z_1 -> z_2 -> ... -> z_L`` (forward-backward, Viterbi, k-best,
-posterior sampling, entropy).
+"""Exact inference over the hop chain of latents ``z_1..z_L``: forward-backward, Viterbi, k-best paths,
+posterior sampling, entropy.
 
 The hop latents of every model in this library form a time-inhomogeneous Markov chain over the ``N``
 context positions, with an emission only after the last hop. A model describes one batch of chains by
