@@ -152,9 +152,11 @@ class HopGates:
 
 
 def chain_from_scores(scores: torch.Tensor, obs: Observations) -> HopChain:
-    """The dense log factors of ``obs`` for a gate given by score tables ``scores (L, S, S)``::
+    """The dense log factors of ``obs`` for a gate given by the score tables ``scores`` ``(L, S, S)``.
 
-        init[c, j]        = log softmax_j scores[0][query_c, key_cj]            (padding excluded)
+    In formulas (padding positions excluded from every softmax)::
+
+        init[c, j]        = log softmax_j scores[0][query_c, key_cj]
         trans[l, c, i, j] = log softmax_j scores[l + 1][value_ci, key_cj]
     """
     mask = obs.mask
