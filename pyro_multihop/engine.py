@@ -43,7 +43,7 @@ import torch
 
 from .data import Observations
 from . import hop_chain as _hop_chain
-from .gates import table_gather
+from .gates import flat_gather, flat_index, table_gather
 from .hop_chain import HopChain, chain_log_likelihood, chain_map_paths, chain_posterior, masked_log_softmax
 
 __all__ = [
@@ -281,10 +281,10 @@ class _PositionTransitions:
             return
         floor = _floor(gates.scores.dtype)
         real = None if chunk.mask is None else chunk.mask.to(gates.scores.dtype).unsqueeze(-2)
-        keys, values = chunk.keys.unsqueeze(-2), chunk.values.unsqueeze(-1)
+        index = flat_index(chunk.values.unsqueeze(-1), chunk.keys.unsqueeze(-2), gates.scores.shape[-1])  # (c, N, N)
         weights, normalisers = [], []
         for table in gates.transition_weights:
-            weight = table_gather(table, values, keys)  # (c, N, N)
+            weight = flat_gather(table, index)  # (c, N, N): W[i, j] = E[value_i, key_j]
             weight = weight if real is None else weight * real
             normaliser = weight.sum(-1)  # R[c, i]
             self.ok &= ((normaliser >= floor) | ~chunk.full_mask()).all(-1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["table_gather", "log_normalize", "SHORT_ROW"]
+__all__ = ["table_gather", "flat_gather", "flat_index", "log_normalize", "SHORT_ROW"]
 
 # Rows shorter than this are normalised as ``x - logsumexp(x)``: torch's CPU ``log_softmax`` kernel
 # vectorises across a row, and for rows shorter than a vector (16 float32 lanes) it is 1.5-2.5x slower,
@@ -32,6 +32,12 @@ def log_normalize(logits: torch.Tensor) -> torch.Tensor:
 
 def _flat_index(rows: torch.Tensor, cols: torch.Tensor, num_cols: int) -> torch.Tensor:
     return rows * num_cols + cols
+
+
+def flat_index(rows: torch.Tensor, cols: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """``rows * num_cols + cols`` (broadcast): the index of ``table[rows, cols]`` in ``table.reshape(-1)``, for
+    :func:`flat_gather` from several tables of the same shape."""
+    return _flat_index(rows, cols, num_cols)
 
 
 class _TableGather(torch.autograd.Function):
@@ -67,3 +73,28 @@ def table_gather(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) ->
     if not table.requires_grad or not torch.is_grad_enabled():
         return table.reshape(-1).take(_flat_index(rows, cols, table.shape[1]))
     return _TableGather.apply(table, rows, cols)
+
+
+class _FlatGather(torch.autograd.Function):
+    """``table.reshape(-1)[index]`` with a ``scatter_add`` backward that reuses the given index."""
+
+    @staticmethod
+    def forward(ctx, table, index):
+        ctx.save_for_backward(index)
+        ctx.table_shape = table.shape
+        return table.reshape(-1).take(index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        grad_table = grad.new_zeros(ctx.table_shape.numel()).scatter_add_(0, index.reshape(-1), grad.reshape(-1))
+        return grad_table.view(ctx.table_shape), None
+
+
+def flat_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table.reshape(-1)[index]`` for a precomputed :func:`flat_index`, differentiable in ``table``: when one
+    index serves several tables (the hops of a dense chunk), it is built once, not once per gather and again
+    in every backward."""
+    if not table.requires_grad or not torch.is_grad_enabled():
+        return table.reshape(-1).take(index)
+    return _FlatGather.apply(table, index)
