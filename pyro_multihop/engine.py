@@ -73,9 +73,11 @@ __all__ = [
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 _budget = [DEFAULT_MEMORY_BUDGET]
 
-#: The symbol route is taken while ``S^2 <= SYMBOL_ROUTE_RATIO * N^2``: a ``(c, S) x (S, S)`` product costs
-#: far less per element than building, normalising and multiplying ``(c, N, N)`` softmax matrices
-#: (``benchmarks/engine.py`` measures the crossover; see its table).
+#: A forward pass (log-likelihood, predictive, and their gradients) takes the symbol route while
+#: ``S^2 <= SYMBOL_ROUTE_RATIO * N^2``; a forward-backward pass (marginals, the EM statistics), whose
+#: dense route also forms pairwise terms, while ``S^2 <= 4 * SYMBOL_ROUTE_RATIO * N^2``. Measured with
+#: ``L = 3`` (one thread): the forward crossover lies at ``S`` about ``4 N`` for ``N`` = 10, 30 and 100; the
+#: E-step's at ``S`` about ``4 N`` for ``N = 10`` and beyond ``8 N`` for ``N`` = 30 and 100 (see docs/engine.md).
 SYMBOL_ROUTE_RATIO = 16.0
 
 
@@ -171,12 +173,14 @@ def chain_from_scores(scores: torch.Tensor, obs: Observations) -> HopChain:
     return HopChain(init, trans)
 
 
-def choose_route(gates: HopGates, context_len: int) -> str:
-    """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions (see :data:`SYMBOL_ROUTE_RATIO`)."""
+def choose_route(gates: HopGates, context_len: int, backward: bool = False) -> str:
+    """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions, for a forward pass or (with
+    ``backward``) a forward-backward pass (see :data:`SYMBOL_ROUTE_RATIO`)."""
     if gates.scores is None:
         return "positions"
     S = gates.scores.shape[-1]
-    return "symbols" if S * S <= SYMBOL_ROUTE_RATIO * context_len * context_len else "positions"
+    ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1)
+    return "symbols" if S * S <= ratio * context_len * context_len else "positions"
 
 
 # -- chunking ----------------------------------------------------------------------------------------------------
@@ -503,7 +507,7 @@ def forward_backward_chunks(gates: HopGates, obs: Observations, budget=None, pai
     :param rows: rows per chunk (default: as many as the budget allows).
     """
     n, N = len(obs), obs.context_len
-    route = choose_route(gates, N) if route is None else route
+    route = choose_route(gates, N, backward=True) if route is None else route
     if route == "symbols" and gates.scores is None:
         raise ValueError("route 'symbols' needs gate score tables; this gate has position terms")
     device = gates.log_emission.device

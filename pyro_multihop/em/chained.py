@@ -489,15 +489,6 @@ class _Accumulator:
         self.key_numerators[0].view(-1).index_add_(0, pairs.flatten(), weighted_gamma.flatten())
         self.key_masses[0].index_add_(0, chunk.keys.flatten(), weighted_gamma.flatten())
 
-    def add_later_hop(self, hop: int, chunk: Observations, incoming: torch.Tensor) -> None:
-        """Hop ``hop >= 1`` (0-based) from ``incoming[n, s, j]``, the weighted probability that the hop lands
-        on position ``j`` coming from a position of value ``s``: ``(c, S, N)``."""
-        c, S, N = incoming.shape
-        symbols = torch.arange(S, device=incoming.device).view(1, S, 1)
-        pairs = chunk.keys.unsqueeze(1) * S + symbols  # (c, S, N)
-        self.key_numerators[hop].view(-1).index_add_(0, pairs.flatten(), incoming.flatten())
-        self.key_masses[hop].index_add_(0, chunk.keys.flatten(), incoming.sum(1).flatten())
-
     def add_emission(self, chunk: Observations, weighted_gamma: torch.Tensor) -> None:
         """Last hop: ``weighted_gamma`` ``(c, N)`` of emitting the target from each position's value."""
         pairs = chunk.values * self.T + chunk.target.unsqueeze(-1)
@@ -508,10 +499,12 @@ class _Accumulator:
         w = weights.unsqueeze(-1)
         self.add_first_hop(chunk, w * gamma[0])
         if len(xi):
-            value_onehot_t = torch.nn.functional.one_hot(chunk.values, self.S).to(gamma.dtype).transpose(1, 2)
+            # Pair (i, j) adds xi[i, j] to key_numerators[hop][key_j, value_i]: one index_add of (c, N, N) entries.
+            pairs = (chunk.keys.unsqueeze(-2) * self.S + chunk.values.unsqueeze(-1)).flatten()
             for hop in range(1, gamma.shape[0]):
-                incoming = torch.bmm(value_onehot_t, xi[hop - 1] * w.unsqueeze(-1))  # (c, S, N)
-                self.add_later_hop(hop, chunk, incoming)
+                weighted = xi[hop - 1] * w.unsqueeze(-1)
+                self.key_numerators[hop].view(-1).index_add_(0, pairs, weighted.flatten())
+                self.key_masses[hop].index_add_(0, chunk.keys.flatten(), weighted.sum(1).flatten())
         self.add_emission(chunk, w * gamma[-1])
 
 
