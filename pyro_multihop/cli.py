@@ -309,8 +309,23 @@ def _build_head(args, num_symbols: int, num_targets: int):
     return TiedEmbeddingAttention(num_symbols, args.embed_dim, num_targets, n_hops=args.hops, sigma2=sigma2, seed=args.seed)
 
 
+def _check_method_options(args, device) -> None:
+    """Options that do not apply to the method, before any process reads data (each would say so)."""
+    import torch
+
+    if args.method != "em":
+        return
+    if args.model == "chained" and (args.batch_size is not None or args.lr is not None or args.resume or args.jit):
+        raise CommandError("--batch-size, --lr, --resume and --jit apply to --method svi only")
+    if args.model == "tied" and (args.batch_size is not None or args.resume or args.jit):
+        raise CommandError("--batch-size, --resume and --jit apply to --method svi only")
+    if args.model == "tied" and (device.type != "cpu" or getattr(torch, args.dtype) != torch.get_default_dtype()):
+        raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
+
+
 def _train(args) -> int:
     device = _device(args.device)
+    _check_method_options(args, device)
     # Under torchrun: join the process group (nccl with one GPU per process, gloo on CPUs).
     if distributed.init_from_env(backend="nccl" if device.type == "cuda" else "gloo"):
         device = _device(str(distributed.local_device(device)))
@@ -428,8 +443,6 @@ def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype,
     from .em import ChainedEM
     from .em.chained import ConvergenceWarning
 
-    if args.batch_size is not None or args.lr is not None or args.resume or args.jit:
-        raise CommandError("--batch-size, --lr, --resume and --jit apply to --method svi only")
     sigma2 = 0.1 if args.sigma2 is None else args.sigma2
     max_iters = args.steps or 100
     em = ChainedEM(args.hops, num_symbols, num_targets, sigma2=sigma2)
@@ -454,7 +467,6 @@ def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype,
 
 def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
     import pandas as pd
-    import torch
 
     from .checkpoint import save_checkpoint
 
@@ -462,10 +474,6 @@ def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         from .em.variational import TiedEmbeddingVEM
     except ImportError as error:
         raise CommandError(f"--model tied --method em is not available: {error}") from None
-    if args.batch_size is not None or args.resume or args.jit:
-        raise CommandError("--batch-size, --resume and --jit apply to --method svi only")
-    if device.type != "cpu" or dtype != torch.get_default_dtype():
-        raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
     sigma2 = 0.3 if args.sigma2 is None else args.sigma2
     options = {"sigma2": sigma2, "seed": args.seed}
     if args.lr is not None:
