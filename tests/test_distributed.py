@@ -124,22 +124,23 @@ def _scenarios(rank: int, folder: Path) -> dict:
             metrics = svi(head, here)
             return {"model": tensors(head), "loss": metrics["loss"].tolist()}
 
+        def vem():
+            fitted = TiedEmbeddingVEM(S, 3, S, 2, max_iters=6, anneal_iters=2, window=2, seed=0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fitted.fit(here)
+            return {"means": fitted.means_, "emission": fitted.emission_, "bounds": fitted.lower_bounds_}
+
         run(f"em_init/{layout}", em_from_init)
         run(f"svi_chained/{layout}", svi_chained)
         run(f"svi_tied/{layout}", svi_tied)
+        run(f"vem/{layout}", vem)
 
     here = shard(obs, "uneven", rank)
 
     def em_seeded():
         result = em_fit(here, seed=0, dtype=torch.float64)
         return {"loglik": result.loglik, "model": tensors(result.final_model)}
-
-    def vem():
-        fitted = TiedEmbeddingVEM(S, 3, S, 2, max_iters=6, anneal_iters=2, window=2, seed=0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fitted.fit(here)
-        return {"means": fitted.means_, "emission": fitted.emission_, "bounds": fitted.lower_bounds_}
 
     def loss_shares():
         # 41 copies of one observation: every mini-batch share, scaled to the global n, sums to the exact loss.
@@ -202,7 +203,6 @@ def _scenarios(rank: int, folder: Path) -> dict:
         return outcome
 
     run("em_seeded", em_seeded)
-    run("vem", vem)
     run("loss_shares", loss_shares)
     run("resume", resume)
     run("bad_shard", bad_shard)
@@ -267,8 +267,9 @@ def test_em_from_a_seed_gives_every_rank_the_model_of_the_summed_random_statisti
     assert_close(first["model"], tensors(expected.final_model), 1e-10)
 
 
-def test_variational_em_gives_every_rank_the_same_fit(ranks):
-    first, second = (result(ranks, "vem", r) for r in range(WORLD))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_variational_em_gives_every_rank_the_same_fit(ranks, layout):
+    first, second = (result(ranks, f"vem/{layout}", r) for r in range(WORLD))
     for name in first:
         assert torch.equal(first[name], second[name]), name
     assert torch.isfinite(first["bounds"]).all() and len(first["bounds"]) == 6
