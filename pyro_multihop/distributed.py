@@ -46,10 +46,12 @@ __all__ = [
     "all_gather_objects",
     "evaluate",
     "agreed",
+    "agreed_error",
     "PeerError",
     "init_from_env",
     "local_device",
     "barrier",
+    "shutdown",
 ]
 
 #: Default timeout of the process group that :func:`init_from_env` starts (collectives fail after it).
