@@ -11,11 +11,16 @@
 
 Every subcommand has ``--help``. Bad files or arguments end with one line on stderr naming the problem
 and exit status 2; nothing prints a traceback (set ``PYRO_MULTIHOP_DEBUG=1`` to get one).
+
+``train`` runs data-parallel under ``torchrun`` (``torchrun --nproc-per-node 2 -m pyro_multihop train ...``):
+each process reads its shard of ``--data`` and ``--val``, and rank 0 alone prints and writes the outputs
+(see :mod:`pyro_multihop.distributed`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -25,6 +30,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+
+from . import distributed
 
 __all__ = ["main"]
 
@@ -197,12 +204,16 @@ def _device(text: str):
     return device
 
 
-def _read_frame(path: Path):
+def _read_frame(path: Path, shard: Optional[tuple] = None):
     import pandas as pd
+
+    from .data import read_frame
 
     if not path.is_file():
         raise CommandError(f"data file {str(path)!r} does not exist")
     try:
+        if shard is not None:
+            return read_frame(path, shard)  # may be empty: a process with no rows of the file
         frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
     except ImportError as error:
         raise CommandError(f"cannot read {str(path)!r}: {error}") from None
@@ -213,17 +224,20 @@ def _read_frame(path: Path):
     return frame
 
 
-def _load_data(path: Path, require_target: bool = True):
-    """``(Observations, has_target)`` from a data file; without a target column the targets are 0."""
+def _load_data(path: Path, require_target: bool = True, shard: Optional[tuple] = None):
+    """``(Observations, has_target)`` from a data file (only rows of ``shard = (rank, world_size)`` if
+    given); without a target column the targets are 0."""
     from .data import Observations
 
-    frame = _read_frame(path)
+    frame = _read_frame(path, shard)
     has_target = "target" in frame.columns
     if not has_target:
         if require_target:
             raise CommandError(f"data file {str(path)!r} must have a column 'target'")
         frame = frame.assign(target=0)
     try:
+        if len(frame) == 0:
+            return Observations._empty(frame), has_target
         return Observations.from_dataframe(frame), has_target
     except (ValueError, TypeError) as error:
         raise CommandError(f"data file {str(path)!r}: {error}") from None
@@ -297,25 +311,55 @@ def _build_head(args, num_symbols: int, num_targets: int):
     return TiedEmbeddingAttention(num_symbols, args.embed_dim, num_targets, n_hops=args.hops, sigma2=sigma2, seed=args.seed)
 
 
+def _check_method_options(args, device) -> None:
+    """Options that do not apply to the method, before any process reads data (each would say so)."""
+    import torch
+
+    if args.method != "em":
+        return
+    svi_only = args.batch_size is not None or args.resume or args.jit or args.collapsed
+    if args.model == "chained" and (svi_only or args.lr is not None):
+        raise CommandError("--batch-size, --lr, --resume, --jit and --collapsed apply to --method svi only")
+    if args.model == "tied" and svi_only:
+        raise CommandError("--batch-size, --resume, --jit and --collapsed apply to --method svi only")
+    if args.model == "tied" and (device.type != "cpu" or getattr(torch, args.dtype) != torch.get_default_dtype()):
+        raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
+
+
 def _train(args) -> int:
+    device = _device(args.device)
+    _check_method_options(args, device)
+    # Under torchrun: join the process group (nccl with one GPU per process, gloo on CPUs).
+    if distributed.init_from_env(backend="nccl" if device.type == "cuda" else "gloo"):
+        device = _device(str(distributed.local_device(device)))
+    if distributed.rank() != 0:  # rank 0 alone prints and writes
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            return _train_here(args, device)
+    return _train_here(args, device)
+
+
+def _train_here(args, device) -> int:
     import torch
 
     from .plots import plot_training_curves
 
-    device = _device(args.device)
     dtype = getattr(torch, args.dtype)
-    train_obs, _ = _load_data(args.data)
-    val_obs = _load_data(args.val)[0] if args.val is not None else None
+    shard = (distributed.rank(), distributed.world_size()) if distributed.is_distributed() else None
+    with distributed.agreed():  # a bad row in one process's shard ends every process
+        train_obs, _ = _load_data(args.data, shard=shard)
+        val_obs = _load_data(args.val, shard=shard)[0] if args.val is not None else None
     both = [train_obs] + ([val_obs] if val_obs is not None else [])
-    num_symbols = args.symbols or max(o.num_symbols for o in both)
-    num_targets = args.targets or max([num_symbols] + [o.num_targets for o in both])
-    for path, obs in ((args.data, train_obs), (args.val, val_obs)):
-        if obs is not None:
-            try:
-                obs.check_sizes(num_symbols, num_targets)
-            except ValueError as error:
-                raise CommandError(f"data file {str(path)!r} does not fit --symbols/--targets: {error}") from None
-    args.out.mkdir(parents=True, exist_ok=True)
+    num_symbols = args.symbols or distributed.all_reduce_max(max(o.num_symbols for o in both))
+    num_targets = args.targets or max(num_symbols, distributed.all_reduce_max(max(o.num_targets for o in both)))
+    with distributed.agreed():
+        for path, obs in ((args.data, train_obs), (args.val, val_obs)):
+            if obs is not None:
+                try:
+                    obs.check_sizes(num_symbols, num_targets)
+                except ValueError as error:
+                    raise CommandError(f"data file {str(path)!r} does not fit --symbols/--targets: {error}") from None
+        if distributed.rank() == 0:
+            args.out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = args.out / "checkpoint.pt"
     started = time.perf_counter()
     if args.method == "svi":
@@ -325,6 +369,10 @@ def _train(args) -> int:
     else:
         model, metrics, settings = _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
     seconds = time.perf_counter() - started
+    train_result = distributed.evaluate(model, train_obs.to(device))
+    val_result = None if val_obs is None else distributed.evaluate(model, val_obs.to(device))
+    if distributed.rank() != 0:
+        return 0
 
     metrics_path = args.out / "metrics.csv"
     metrics.to_csv(metrics_path, index=False)
@@ -337,8 +385,9 @@ def _train(args) -> int:
         "config": model.config(),
         "settings": settings,
         "seconds": seconds,
-        "train": model.evaluate(train_obs.to(device)),
-        "val": None if val_obs is None else model.evaluate(val_obs.to(device)),
+        "processes": distributed.world_size(),
+        "train": train_result,
+        "val": val_result,
         "checkpoint": str(checkpoint_path),
         "metrics": str(metrics_path),
         "figures": [str(f) for f in figures],
@@ -383,7 +432,7 @@ def _em_rows(val_obs, started):
     def callback(iteration, model, stats):
         row = {"step": iteration, "loss": -stats.loglik / stats.n}
         if val_obs is not None:
-            result = model.evaluate(val_obs)
+            result = distributed.evaluate(model, val_obs)
             row["val_log_likelihood"], row["val_accuracy"] = result["log_likelihood"], result["accuracy"]
         row["seconds"] = time.perf_counter() - started
         rows.append(row)
@@ -398,8 +447,6 @@ def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype,
     from .em import ChainedEM
     from .em.chained import ConvergenceWarning
 
-    if args.batch_size is not None or args.lr is not None or args.resume or args.jit or args.collapsed:
-        raise CommandError("--batch-size, --lr, --resume, --jit and --collapsed apply to --method svi only")
     sigma2 = 0.1 if args.sigma2 is None else args.sigma2
     max_iters = args.steps or 100
     em = ChainedEM(args.hops, num_symbols, num_targets, sigma2=sigma2)
@@ -417,13 +464,13 @@ def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype,
     settings = {"max_iters": max_iters, "tol": args.tol, "seed": args.seed, "sigma2": sigma2,
                 "emission_smoothing": em.emission_smoothing, "n_iter": result.n_iter,
                 "converged": result.converged, "best_iteration": result.best_iteration}
-    save_checkpoint(checkpoint_path, model, step=result.n_iter, extra={"method": "em", "em": settings})
+    if distributed.rank() == 0:
+        save_checkpoint(checkpoint_path, model, step=result.n_iter, extra={"method": "em", "em": settings})
     return model, metrics, settings
 
 
 def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
     import pandas as pd
-    import torch
 
     from .checkpoint import save_checkpoint
 
@@ -431,10 +478,6 @@ def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         from .em.variational import TiedEmbeddingVEM
     except ImportError as error:
         raise CommandError(f"--model tied --method em is not available: {error}") from None
-    if args.batch_size is not None or args.resume or args.jit or args.collapsed:
-        raise CommandError("--batch-size, --resume, --jit and --collapsed apply to --method svi only")
-    if device.type != "cpu" or dtype != torch.get_default_dtype():
-        raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
     sigma2 = 0.3 if args.sigma2 is None else args.sigma2
     options = {"sigma2": sigma2, "seed": args.seed}
     if args.lr is not None:
@@ -449,9 +492,10 @@ def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         print(f"note: variational EM stopped at max_iters = {vem.max_iters} before its ELBO settled")
     model = vem.to_head()
     bounds = vem.lower_bounds_.tolist()
-    rows = [{"step": i, "loss": -b / len(train_obs)} for i, b in enumerate(bounds)]
+    n = distributed.all_reduce_sum(len(train_obs))[0]
+    rows = [{"step": i, "loss": -b / n} for i, b in enumerate(bounds)]
     if val_obs is not None and rows:
-        result = model.evaluate(val_obs)
+        result = distributed.evaluate(model, val_obs)
         for row in rows:
             row["val_log_likelihood"], row["val_accuracy"] = math.nan, math.nan
         rows[-1]["val_log_likelihood"], rows[-1]["val_accuracy"] = result["log_likelihood"], result["accuracy"]
@@ -462,7 +506,8 @@ def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
     metrics = pd.DataFrame(rows)
     settings = {"method": "variational em", "sigma2": sigma2, "seed": args.seed, "max_iters": vem.max_iters,
                 "n_iter": vem.n_iter_, "converged": vem.converged_}
-    save_checkpoint(checkpoint_path, model, step=vem.n_iter_, extra={"method": "em", "em": settings})
+    if distributed.rank() == 0:
+        save_checkpoint(checkpoint_path, model, step=vem.n_iter_, extra={"method": "em", "em": settings})
     return model, metrics, settings
 
 
@@ -557,7 +602,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed as one line
         return int(exit_.code or 0)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    # Under torchrun only rank 0 logs below errors (the environment names the rank before the group exists).
+    quiet = int(os.environ.get("RANK", 0)) != 0
+    level = logging.ERROR if quiet else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format=f"{PROG}: %(message)s")
     from .checkpoint import CheckpointError
 
     try:
@@ -565,11 +613,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (CommandError, CheckpointError, ValueError, TypeError, OSError, ImportError, KeyError) as error:
+    except (CommandError, CheckpointError, ValueError, TypeError, OSError, ImportError, KeyError,
+            distributed.PeerError) as error:
         if os.environ.get("PYRO_MULTIHOP_DEBUG"):
             raise
-        print(f"{PROG} {args.command}: error: {_first_line(error)}", file=sys.stderr)
+        # An error that every process raised together is printed once, by rank 0; any other by its rank.
+        agreed, rank = distributed.agreed_error(error), distributed.rank()
+        if rank == 0 or not agreed:
+            where = f"rank {rank}: " if rank != 0 else ""
+            print(f"{PROG} {args.command}: error: {where}{_first_line(error)}", file=sys.stderr, flush=True)
+        if agreed:
+            distributed.barrier()  # nobody exits (and has torchrun stop the others) before rank 0 printed
         return EXIT_ERROR
+    finally:
+        distributed.shutdown()
 
 
 if __name__ == "__main__":  # pragma: no cover

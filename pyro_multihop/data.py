@@ -254,17 +254,99 @@ class Observations:
             raise ValueError(f"path must end in .csv or .parquet, got {str(path)!r}")
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike]) -> "Observations":
-        """Read a file written by :meth:`save`."""
-        path = Path(path)
-        if path.suffix not in (".csv", ".parquet"):
-            raise ValueError(f"path must end in .csv or .parquet, got {str(path)!r}")
-        if not path.is_file():
-            raise ValueError(f"path {str(path)!r} does not exist")
+    def load(cls, path: Union[str, os.PathLike], shard: Optional[tuple] = None) -> "Observations":
+        """Read a file written by :meth:`save`.
+
+        :param shard: optional ``(rank, world_size)``: read only rows ``[n rank / world_size,
+            n (rank + 1) / world_size)`` of the file's ``n`` (contiguous shards whose sizes differ by at most
+            one; empty when ``n < world_size``). Parquet reads only the row groups that hold them, CSV
+            counts the rows in chunks and then parses only them, so no process holds the whole file.
+        """
+        frame = read_frame(path, shard)
+        if len(frame) == 0 and shard is not None:
+            return cls._empty(frame)
+        return cls.from_dataframe(frame)
+
+    @classmethod
+    def _empty(cls, frame: pd.DataFrame) -> "Observations":
+        """No observations, with the context length and padding of ``frame``'s columns."""
+        for name in ("query", "target", "key_0", "value_0"):
+            if name not in frame.columns:
+                raise ValueError(f"data must have a column {name!r}; columns are {list(frame.columns)}")
+        N = sum(1 for c in frame.columns if c.startswith("key_"))
+        empty = torch.zeros(0, N, dtype=torch.long)
+        mask = torch.zeros(0, N, dtype=torch.bool) if any(c.startswith("mask_") for c in frame.columns) else None
+        return cls(empty, empty, empty[:, 0], empty[:, 0], mask)
+
+
+_CSV_CHUNK_ROWS = 1 << 16
+
+
+def read_frame(path: Union[str, os.PathLike], shard: Optional[tuple] = None) -> pd.DataFrame:
+    """The rows of a ``.csv`` or ``.parquet`` data file as a DataFrame, or only shard ``(rank, world_size)``
+    of them (see :meth:`Observations.load`). Raises ``ValueError`` for a missing or empty file or a bad
+    ``shard``."""
+    path = Path(path)
+    if path.suffix not in (".csv", ".parquet"):
+        raise ValueError(f"path must end in .csv or .parquet, got {str(path)!r}")
+    if not path.is_file():
+        raise ValueError(f"path {str(path)!r} does not exist")
+    if shard is None:
         frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
         if len(frame) == 0:
             raise ValueError(f"data file {str(path)!r} holds no observations")
-        return cls.from_dataframe(frame)
+        return frame
+    rank, world_size = _check_shard(shard)
+    frame = _read_csv_rows(path, rank, world_size) if path.suffix == ".csv" else _read_parquet_rows(path, rank, world_size)
+    return frame
+
+
+def _check_shard(shard) -> tuple:
+    if not isinstance(shard, (tuple, list)) or len(shard) != 2:
+        raise ValueError(f"shard must be a pair (rank, world_size), got {shard!r}")
+    rank, world_size = shard
+    for value in shard:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"shard must hold two integers (rank, world_size), got {shard!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"shard must have world_size >= 1 and 0 <= rank < world_size, got {shard!r}")
+    return rank, world_size
+
+
+def _shard_range(n: int, rank: int, world_size: int, path: Path) -> tuple:
+    if n == 0:
+        raise ValueError(f"data file {str(path)!r} holds no observations")
+    return n * rank // world_size, n * (rank + 1) // world_size
+
+
+def _read_csv_rows(path: Path, rank: int, world_size: int) -> pd.DataFrame:
+    """Rows of this shard: one chunked pass counts the rows (one column parsed), a second parses only them."""
+    n = sum(len(chunk) for chunk in pd.read_csv(path, usecols=[0], chunksize=_CSV_CHUNK_ROWS))
+    start, stop = _shard_range(n, rank, world_size, path)
+    header = pd.read_csv(path, nrows=0)
+    if stop == start:
+        return header
+    frame = pd.read_csv(path, skiprows=range(1, start + 1), nrows=stop - start)
+    return frame.set_axis(range(start, stop))
+
+
+def _read_parquet_rows(path: Path, rank: int, world_size: int) -> pd.DataFrame:
+    """Rows of this shard, reading only the row groups that hold them."""
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(path)
+    start, stop = _shard_range(source.metadata.num_rows, rank, world_size, path)
+    groups, first_row, offset = [], None, 0
+    for group in range(source.num_row_groups):
+        rows = source.metadata.row_group(group).num_rows
+        if offset < stop and offset + rows > start:
+            groups.append(group)
+            first_row = offset if first_row is None else first_row
+        offset += rows
+    if not groups:
+        return source.schema_arrow.empty_table().to_pandas()
+    table = source.read_row_groups(groups).slice(start - first_row, stop - start)
+    return table.to_pandas().set_axis(range(start, stop))
 
 
 # -- task simulators --------------------------------------------------------------------------------

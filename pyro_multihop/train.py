@@ -60,8 +60,10 @@ import pyro
 import torch
 from pyro.infer import JitTrace_ELBO, JitTraceEnum_ELBO, Trace_ELBO, TraceEnum_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
+from pyro import poutine
 from tqdm.auto import tqdm
 
+from . import distributed
 from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
 from .data import Observations
 
@@ -167,16 +169,28 @@ def _make_optimizer(model, settings) -> ClippedAdam:
 class _Loss:
     """Per-observation negative ELBO of ``model`` on ``obs``: a training estimate and the full-data value.
 
+    Under a process group ``obs`` is this rank's shard of ``total`` rows (``largest_shard`` in the biggest
+    shard): the loss is this shard's share of the loss on the union of the shards, divided by ``total``,
+    so that the shares (and their gradients) sum to the single-process loss. Sites inside the observations
+    plate keep their plate scale (``shard / batch`` with mini-batches); sites outside every plate, the
+    global latents and their KL term, are scaled by ``shard / total``, so that they count once in the sum.
+
     ``collapsed``: the model is ``model.collapsed_model`` (the hop path summed out by the engine, no
     enumerated site) under ``Trace_ELBO``; otherwise ``model.model`` under ``TraceEnum_ELBO``.
     """
 
-    def __init__(self, model, obs: Observations, batch_size: Optional[int], jit: bool, collapsed: bool = False):
+    def __init__(self, model, obs: Observations, batch_size: Optional[int], jit: bool,
+                 total: Optional[int] = None, largest_shard: Optional[int] = None, collapsed: bool = False):
         self.model = model
         self.obs = obs
-        self.n = len(obs)
-        self.subsample_size = batch_size if batch_size is not None and batch_size < self.n else None
-        self.model_fn = model.collapsed_model if collapsed else model.model
+        self.n = len(obs) if total is None else int(total)
+        largest = len(obs) if largest_shard is None else int(largest_shard)
+        self.full_batch = batch_size is None or batch_size >= largest  # the same decision on every rank
+        self.subsample_size = None if self.full_batch or batch_size >= len(obs) else batch_size
+        self.model_fn, self.guide_fn = (model.collapsed_model if collapsed else model.model), model.guide
+        if 0 < len(obs) < self.n:
+            share = _GlobalSiteScale(len(obs) / self.n)
+            self.model_fn, self.guide_fn = share(self.model_fn), share(model.guide)
         self.exact_elbo = Trace_ELBO() if collapsed else TraceEnum_ELBO(max_plate_nesting=1)
         self.jit = jit
         if jit:
@@ -184,29 +198,54 @@ class _Loss:
                 self.train_elbo = JitTrace_ELBO(ignore_jit_warnings=True)
             else:
                 self.train_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
-            self._jit_model, self._jit_guide = _tensor_signature(self.model_fn), _tensor_signature(model.guide)
+            self._jit_model, self._jit_guide = _tensor_signature(self.model_fn), _tensor_signature(self.guide_fn)
         else:
             self.train_elbo = self.exact_elbo
 
-    @property
-    def full_batch(self) -> bool:
-        return self.subsample_size is None
-
     def train(self, step: int) -> torch.Tensor:
-        """Differentiable per-observation loss of step ``step`` (a mini-batch estimate with ``batch_size``)."""
+        """Differentiable per-observation loss of step ``step`` (a mini-batch estimate with ``batch_size``);
+        a constant 0 on an empty shard."""
+        if len(self.obs) == 0:
+            return torch.zeros(())
         kwargs = dict(self.model.svi_kwargs(step))
         if self.subsample_size is not None:
             kwargs["subsample_size"] = self.subsample_size
         if not self.jit:
-            return self.train_elbo.differentiable_loss(self.model_fn, self.model.guide, self.obs, **kwargs) / self.n
+            return self.train_elbo.differentiable_loss(self.model_fn, self.guide_fn, self.obs, **kwargs) / self.n
         args, static = _tensor_arguments(self.obs, kwargs)
         return self.train_elbo.differentiable_loss(self._jit_model, self._jit_guide, *args, **static) / self.n
 
     @torch.no_grad()
     def full(self, step: int) -> float:
-        """Per-observation loss on all of ``obs``, without gradients."""
+        """Per-observation loss on all of ``obs`` (all shards' under a process group), without gradients."""
+        if len(self.obs) == 0:
+            return self.reduce(0.0)
         kwargs = self.model.svi_kwargs(step)
-        return float(self.exact_elbo.loss(self.model_fn, self.model.guide, self.obs, **kwargs)) / self.n
+        return self.reduce(float(self.exact_elbo.loss(self.model_fn, self.guide_fn, self.obs, **kwargs)) / self.n)
+
+    @staticmethod
+    def reduce(value: float) -> float:
+        """Sum of a loss share over ranks (``value`` itself in one process)."""
+        return distributed.all_reduce_sum(value)[0]
+
+
+class _GlobalSiteScale(poutine.messenger.Messenger):
+    """Multiply the scale of every sample site outside all plates by ``scale`` (a shard's share)."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def _process_message(self, msg):
+        if msg["type"] == "sample" and not msg["cond_indep_stack"]:
+            msg["scale"] = msg["scale"] * self.scale
+
+
+def _backward(training_loss: torch.Tensor, model) -> None:
+    """Gradients of this rank's loss share, summed over ranks: the gradient of the whole data's loss."""
+    if training_loss.requires_grad:
+        training_loss.backward()
+    distributed.all_reduce_gradients(model.parameters())
 
 
 _OBSERVATION_FIELDS = ("keys", "values", "query", "target", "mask")
@@ -392,21 +431,24 @@ def fit_svi(
         >>> list(metrics.columns)
         ['step', 'loss', 'lr', 'seconds']
     """
-    if not callable(getattr(model, "model", None)) or not callable(getattr(model, "guide", None)):
-        raise TypeError(f"model must be a head with model and guide methods, got {type(model).__name__}")
-    if not isinstance(collapsed, bool):
-        raise TypeError(f"collapsed must be a bool, got {collapsed!r}")
-    if collapsed and not callable(getattr(model, "collapsed_model", None)):
-        raise TypeError(f"collapsed=True needs a head with a collapsed_model method, got {type(model).__name__}")
-    if not isinstance(obs, Observations):
-        raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
-    if len(obs) == 0:
+    with distributed.agreed():  # a bad shard ends every rank, not only its own
+        if not callable(getattr(model, "model", None)) or not callable(getattr(model, "guide", None)):
+            raise TypeError(f"model must be a head with model and guide methods, got {type(model).__name__}")
+        if not isinstance(collapsed, bool):
+            raise TypeError(f"collapsed must be a bool, got {collapsed!r}")
+        if collapsed and not callable(getattr(model, "collapsed_model", None)):
+            raise TypeError(f"collapsed=True needs a head with a collapsed_model method, got {type(model).__name__}")
+        if not isinstance(obs, Observations):
+            raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
+        model.check_observations(obs)
+        if val is not None:
+            model.check_observations(val, "val")
+    # Under a process group obs and val are this rank's shards; the counts are those of all shards.
+    total, val_total = distributed.all_reduce_sum(len(obs), 1 if val is None else len(val))
+    if total == 0:
         raise ValueError("obs must hold at least one observation to fit, got 0")
-    model.check_observations(obs)
-    if val is not None:
-        model.check_observations(val, "val")
-        if len(val) == 0:
-            raise ValueError("val must hold at least one observation, got 0")
+    if val_total == 0:
+        raise ValueError("val must hold at least one observation, got 0")
     settings = svi_settings(
         model,
         num_steps=num_steps,
@@ -424,25 +466,28 @@ def fit_svi(
     obs = obs.to(device)
     val = None if val is None else val.to(device)
 
+    shards = (int(total), distributed.all_reduce_max(len(obs)))
+    loss = _Loss(model, obs, settings["batch_size"], jit, *shards, collapsed=collapsed)
+
     with torch.random.fork_rng(devices=_rng_devices(device), enabled=seed is not None):
         if seed is not None:
-            torch.manual_seed(int(seed))
+            # Full batches: one stream on every rank (global latents drawn alike, the single-process step);
+            # mini-batches: each rank its own stream.
+            torch.manual_seed(int(seed) if loss.full_batch else distributed.rank_seed(int(seed)))
         with pyro.get_param_store().scope():
-            return _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device,
-                        collapsed)
+            return _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_every, resume, device)
 
 
-def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpoint_every, resume, device, collapsed):
+def _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_every, resume, device):
     num_steps, log_every = settings["num_steps"], settings["log_every"]
-    loss = _Loss(model, obs, settings["batch_size"], jit, collapsed)
     optimizer = _make_optimizer(model, settings)
     guard = _Guard(settings["divergence_threshold"], settings["divergence_lr_factor"])
     rows, start, resumed_from, elapsed_before = [], 0, None, 0.0
     if checkpoint is not None and checkpoint_every is None:
         checkpoint_every = max(1, num_steps // 10)
 
-    if checkpoint is not None and resume and os.path.exists(checkpoint):
-        payload = read_checkpoint(checkpoint)
+    payload = _resume_payload(checkpoint) if checkpoint is not None and resume else None
+    if payload is not None:
         training = payload["extra"].get("svi")
         if training is None:
             raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no SVI training state to resume")
@@ -450,7 +495,7 @@ def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpo
         if payload["optimizer"] is not None:
             optimizer.load_state_dict(payload["optimizer"])
         guard.load(training["guard"])
-        _set_rng_state(training["rng"], device)
+        _set_rng_state(_own_rng_state(training, checkpoint), device)
         rows = list(training["rows"])
         start = resumed_from = int(payload["step"])
         elapsed_before = float(training["seconds"])
@@ -458,24 +503,29 @@ def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpo
         if training.get("finished") and start >= num_steps:
             return _metrics(rows, settings, guard, training["final_loss"], training["restored_best"], resumed_from)
 
+    distributed.broadcast_module(model)  # every rank starts from rank 0's parameters
     started = time.perf_counter() - elapsed_before
 
     def log_row(step: int, value: float) -> bool:
         row = {"step": step, "loss": value, "lr": optimizer.param_groups[0]["lr"]}
         if val is not None:
-            result = model.evaluate(val)
+            result = distributed.evaluate(model, val)
             row["val_log_likelihood"] = result["log_likelihood"]
             row["val_accuracy"] = result["accuracy"]
         row["seconds"] = time.perf_counter() - started
         rows.append(row)
         bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         logger.debug("svi step %d: %s", step, row)
-        return bool(callback(step, model, dict(row))) if callback is not None else False
+        stop = bool(callback(step, model, dict(row))) if callback is not None else False
+        return bool(distributed.all_reduce_max(stop))  # any rank's callback stops every rank
 
     def save(step: int, finished: bool = False, final_loss=None, restored=False) -> None:
+        rng = _get_rng_state(device)
         training = {
             "guard": guard.state(),
-            "rng": _get_rng_state(device),
+            # Under a process group: every rank's random state, by rank, and the number of ranks.
+            "rng": distributed.all_gather_objects(rng) if distributed.is_distributed() else rng,
+            "world_size": distributed.world_size(),
             "rows": rows,
             "seconds": time.perf_counter() - started,
             "finished": finished,
@@ -483,17 +533,19 @@ def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpo
             "restored_best": restored,
             "settings": _json_settings(settings),
         }
-        save_checkpoint(checkpoint, model, optimizer, step=step, extra={"svi": training})
+        if distributed.rank() == 0:
+            save_checkpoint(checkpoint, model, optimizer, step=step, extra={"svi": training})
 
     stopped = False
-    with tqdm(total=num_steps, initial=start, disable=not progress, desc="svi", unit="step", leave=False) as bar:
+    show = progress and distributed.rank() == 0
+    with tqdm(total=num_steps, initial=start, disable=not show, desc="svi", unit="step", leave=False) as bar:
         for step in range(start, num_steps):
             optimizer.zero_grad(set_to_none=True)
             objective = _objective_key(model, step)
             training_loss = loss.train(step)
             logged = step % log_every == 0
             if loss.full_batch:
-                full = float(training_loss.detach())
+                full = loss.reduce(float(training_loss.detach()))
             elif logged:
                 full = loss.full(step)
             else:
@@ -502,7 +554,7 @@ def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpo
                 guard.recover(step, full, model, optimizer)
                 bar.update(1)
                 continue
-            training_loss.backward()
+            _backward(training_loss, model)
             if logged and log_row(step, full):
                 stopped = True
             optimizer.step()
@@ -523,6 +575,27 @@ def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpo
     if checkpoint is not None:
         save(last, finished=True, final_loss=final_loss, restored=restored)
     return _metrics(rows, settings, guard, final_loss, restored, resumed_from)
+
+
+def _resume_payload(checkpoint):
+    """The checkpoint to resume from, or None if there is none; under a process group rank 0 reads it
+    and every rank gets its contents (only rank 0 needs the file)."""
+    payload = None
+    with distributed.agreed():
+        if distributed.rank() == 0 and os.path.exists(checkpoint):
+            payload = read_checkpoint(checkpoint)
+    return distributed.broadcast_object(payload)
+
+
+def _own_rng_state(training: dict, checkpoint) -> dict:
+    saved_world = int(training.get("world_size", 1))
+    if saved_world != distributed.world_size():
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint)!r} was written by {saved_world} process(es); resume it with as many, "
+            f"not {distributed.world_size()}"
+        )
+    rng = training["rng"]
+    return rng[distributed.rank()] if isinstance(rng, list) else rng
 
 
 def _json_settings(settings: dict) -> dict:

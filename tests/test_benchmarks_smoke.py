@@ -30,3 +30,19 @@ def test_pyro_overhead_benchmark_smoke(tmp_path):
     table = (tmp_path / "pyro_overhead.md").read_text()
     for row in ("Pyro, library model", "Pyro, minimal model", "fused", "aten::bmm"):
         assert row in table
+
+
+def test_distributed_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "distributed.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    table = pd.read_csv(tmp_path / "distributed.csv")
+    assert table[["method", "processes"]].values.tolist() == [
+        ["EM iteration", 1], ["EM iteration", 2], ["SVI step", 1], ["SVI step", 2]
+    ]
+    assert table["rows_per_process"].tolist() == [400, 200, 400, 200]  # each process holds its shard only
+    assert (table[["seconds", "peak_rss_mib_per_process"]] > 0).all().all()
+    assert "All-reduce alone" in (tmp_path / "distributed.md").read_text()

@@ -195,3 +195,61 @@ def test_induction_task_copies_the_successor():
 def test_simulator_arguments_are_checked(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_shards_partition_the_file_in_order(tmp_path, suffix, masked):
+    obs = transitive_task(50, seed=3)
+    if masked:
+        mask = torch.rand(50, obs.context_len, generator=torch.Generator().manual_seed(0)) > 0.3
+        mask[:, 0] = True
+        obs = Observations(obs.keys, obs.values, obs.query, obs.target, mask)
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".parquet":
+        obs.to_dataframe().to_parquet(path, index=False, row_group_size=8)  # 7 row groups
+    else:
+        obs.save(path)
+    for world_size in (1, 2, 3, 7, 64):
+        shards = [Observations.load(path, shard=(rank, world_size)) for rank in range(world_size)]
+        sizes = [len(s) for s in shards]
+        assert sum(sizes) == 50 and max(sizes) - min(sizes) <= 1, sizes
+        assert all(s.context_len == obs.context_len and (s.mask is not None) == masked for s in shards)
+        start = 0
+        for part, size in zip(shards, sizes):
+            assert part == obs[start : start + size]  # contiguous, in file order; empty past 50 rows
+            start += size
+
+
+def test_a_shard_reads_only_its_rows(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    obs = transitive_task(50, seed=3)
+    obs.to_dataframe().to_parquet(tmp_path / "data.parquet", index=False, row_group_size=8)
+    obs.save(tmp_path / "data.csv")
+    read_groups, parsed_rows = [], []
+    original_groups, original_csv = pq.ParquetFile.read_row_groups, pd.read_csv
+
+    def spy_groups(self, groups, *args, **kwargs):
+        read_groups.append(list(groups))
+        return original_groups(self, groups, *args, **kwargs)
+
+    def spy_csv(*args, **kwargs):
+        frame = original_csv(*args, **kwargs)
+        if "chunksize" not in kwargs:  # the counting pass parses one column, in chunks
+            parsed_rows.append(len(frame))
+        return frame
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy_groups)
+    monkeypatch.setattr(pd, "read_csv", spy_csv)
+    assert Observations.load(tmp_path / "data.parquet", shard=(1, 3)) == obs[16:33]
+    assert read_groups == [[2, 3, 4]]  # rows 16..32 lie in groups 2 (16-23), 3 (24-31) and 4 (32-39)
+    assert Observations.load(tmp_path / "data.csv", shard=(1, 3)) == obs[16:33]
+    assert max(parsed_rows) == 17
+
+
+@pytest.mark.parametrize("shard", [(2, 2), (-1, 2), (0, 0), (0,), "0/2", (0.0, 2), (True, 2)], ids=str)
+def test_bad_shards_are_named(tmp_path, shard):
+    transitive_task(10, seed=0).save(tmp_path / "data.csv")
+    with pytest.raises(ValueError, match="shard"):
+        Observations.load(tmp_path / "data.csv", shard=shard)

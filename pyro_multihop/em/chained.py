@@ -47,6 +47,7 @@ from typing import Callable, List, NamedTuple, Optional, Union
 
 import torch
 
+from .. import distributed
 from ..data import Observations
 from .. import engine
 from ..models.base import check_positive_int, check_sigma2
@@ -340,6 +341,12 @@ class ChainedEM:
         ``|loglik[k] - loglik[k-1]| <= tol * n``, and otherwise moves to the M-step's model. After
         ``max_iters`` M-steps the last model is evaluated too, and a :class:`ConvergenceWarning` is issued.
 
+        Under a ``torch.distributed`` process group, ``obs`` (and ``weights``) are this process's shard of
+        the rows (possibly empty): each E-step's statistics are summed over the processes in one
+        all-reduce (:func:`pyro_multihop.distributed.all_reduce_stats`), so every process runs the same
+        M-step and returns the same result, that of EM on the union of the shards. ``init`` must be the
+        same model on every process; a ``seed`` gives each shard its own random responsibilities.
+
         :param obs: training observations (at least one, with positive total weight).
         :param weights: optional ``(n,)`` non-negative observation weights.
         :param int max_iters: most M-steps to run (>= 1).
@@ -351,17 +358,22 @@ class ChainedEM:
         :param dtype: dtype of the models when ``init`` is None (default ``torch.get_default_dtype()``).
         :returns: :class:`EMResult`; also stored as ``self.result_`` (and its best model as ``self.model_``).
         """
-        obs = self._check_data(obs)
+        with distributed.agreed():  # a bad shard ends every rank, not only its own
+            obs = self._check_data(obs)
+            if weights is not None:
+                _check_weights(weights, len(obs))
         check_positive_int("max_iters", max_iters)
         tol = float(tol)
         if not math.isfinite(tol) or tol < 0:
             raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
-        if len(obs) == 0:
+        # Under a process group obs is this rank's shard; statistics are summed over all shards.
+        if distributed.all_reduce_sum(len(obs))[0] == 0:
             raise ValueError("obs must hold at least one observation to fit, got 0")
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
         if init is None:
-            model = self.m_step(self.random_stats(obs, seed=seed, weights=weights, dtype=dtype))
+            seed = None if seed is None else distributed.rank_seed(seed)  # each shard its own draws
+            model = self.m_step(distributed.all_reduce_stats(self.random_stats(obs, seed=seed, weights=weights, dtype=dtype)))
         elif isinstance(init, SufficientStats):
             model = self.m_step(init)
         elif isinstance(init, ChainedAttention):
@@ -374,7 +386,7 @@ class ChainedEM:
         best_model, best_iteration = model, 0
         converged = False
         for iteration in range(max_iters + 1):
-            stats = self.e_step(model, obs, weights)
+            stats = distributed.all_reduce_stats(self.e_step(model, obs, weights))
             if iteration == 0 and stats.n <= 0:
                 raise ValueError("weights must have a positive total to fit, got 0")
             history.append(stats.loglik)

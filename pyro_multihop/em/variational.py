@@ -34,6 +34,7 @@ from typing import Optional
 
 import torch
 
+from .. import distributed
 from ..data import Observations
 from ..guides.annealing import LinearAnnealing
 from .. import engine
@@ -127,10 +128,10 @@ class TiedEmbeddingVEM:
         if not hasattr(self, "means_"):
             raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(obs) first")
 
-    def _check_observations(self, obs: Observations) -> Observations:
+    def _check_observations(self, obs: Observations, allow_empty: bool = False) -> Observations:
         if not isinstance(obs, Observations):
             raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
-        if len(obs) == 0:
+        if len(obs) == 0 and not allow_empty:
             raise ValueError("obs must hold at least one observation, got 0")
         obs.check_sizes(self.num_symbols, self.num_targets)
         return obs
@@ -141,10 +142,19 @@ class TiedEmbeddingVEM:
 
         Warns :class:`ConvergenceWarning` if it stops at ``max_iters`` before meeting ``tol``.
 
+        Under a ``torch.distributed`` process group ``obs`` is this process's shard of the rows (possibly
+        empty): the ELBO, its gradient and the emission counts are summed over the processes in one
+        all-reduce per iteration, and every process draws the same embeddings, so every process fits the
+        same model, that of the union of the shards.
+
         :param max_iters: overrides the constructor's ``max_iters`` for this call.
         """
         schedule = self._check_settings()
-        self._check_observations(obs)
+        with distributed.agreed():  # a bad shard ends every rank, not only its own
+            self._check_observations(obs, allow_empty=distributed.is_distributed())
+        n = int(distributed.all_reduce_sum(len(obs))[0])
+        if n == 0:
+            raise ValueError("obs must hold at least one observation, got 0")
         max_iters = self.max_iters if max_iters is None else check_positive_int("max_iters", max_iters)
         dtype = torch.get_default_dtype()
         generator = torch.Generator().manual_seed(self.seed)
@@ -152,7 +162,9 @@ class TiedEmbeddingVEM:
         means = (self.init_loc_scale * torch.randn(shape, generator=generator, dtype=dtype)).requires_grad_()
         log_vars = torch.full(shape, float(self.init_log_var), dtype=dtype).requires_grad_()
         optimizer = torch.optim.Adam([means, log_vars], lr=self.lr)
-        emission = self._initial_emission(obs, generator, dtype)
+        # The initial responsibilities are drawn per shard; the embedding draws stay alike on every rank.
+        own = generator if not distributed.is_distributed() else torch.Generator().manual_seed(distributed.rank_seed(self.seed))
+        emission = self._initial_emission(obs, own, dtype)
 
         lower_bounds, kl_weights = [], []
         converged = False
@@ -162,13 +174,16 @@ class TiedEmbeddingVEM:
             elbo, responsibilities = self._e_step(obs, means, log_vars, emission, weight, generator)
             optimizer.zero_grad()
             (-elbo).backward()
+            counts = self._counts(obs, responsibilities)
+            elbo = elbo.detach().reshape(1).clone()
+            distributed.all_reduce_([means.grad, log_vars.grad, counts, elbo])  # no-op in one process
             optimizer.step()
-            emission = self._m_step(obs, responsibilities)
-            lower_bounds.append(float(elbo.detach()))
+            emission = self._smooth(counts)
+            lower_bounds.append(float(elbo))
             kl_weights.append(weight)
             if iteration % 50 == 0:
                 logger.debug("iteration %d: annealed ELBO %.4f, KL weight %.4g", iteration, lower_bounds[-1], weight)
-            if iteration >= max(self.anneal_iters, 2 * self.window) and self._has_converged(lower_bounds, len(obs)):
+            if iteration >= max(self.anneal_iters, 2 * self.window) and self._has_converged(lower_bounds, n):
                 converged = True
                 break
 
@@ -193,7 +208,8 @@ class TiedEmbeddingVEM:
         """Smoothed counts of random last-hop responsibilities (uniform on the simplex, padding excluded)."""
         weights = -torch.rand(obs.keys.shape, generator=generator, dtype=dtype).log()  # Exp(1): Dirichlet(1)
         weights = weights * obs.full_mask()
-        return self._m_step(obs, weights / weights.sum(-1, keepdim=True))
+        counts = self._counts(obs, weights / weights.sum(-1, keepdim=True))
+        return self._smooth(distributed.all_reduce_([counts])[0])
 
     def _e_step(self, obs, means, log_vars, emission, weight, generator):
         """Annealed ELBO estimate (differentiable in ``means``, ``log_vars``) and ``(n, N)`` mean last-hop
@@ -209,13 +225,22 @@ class TiedEmbeddingVEM:
             with torch.no_grad():
                 responsibilities += engine.hop_marginals(embedding_hop_gates(embeddings.detach(), log_emission, self.sigma2, self.n_hops), obs)[-1]
         kl = 0.5 * (means.pow(2) + log_vars.exp() - 1.0 - log_vars).sum()
+        if distributed.rank() != 0:
+            kl = kl * 0.0  # summed over ranks, the KL term counts once (rank 0's)
         return log_likelihood / self.mc - weight * kl, responsibilities / self.mc
 
     def _m_step(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
         """Closed-form emission: smoothed counts of ``(value at the last hop, target)``."""
+        return self._smooth(self._counts(obs, responsibilities))
+
+    def _counts(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
+        """``(S, T)`` responsibility-weighted counts of ``(value at the last hop, target)``."""
         counts = torch.zeros(self.num_symbols, self.num_targets, dtype=responsibilities.dtype)
         counts.index_put_((obs.values, obs.target.unsqueeze(-1).expand_as(obs.values)),
                           responsibilities.detach(), accumulate=True)
+        return counts
+
+    def _smooth(self, counts: torch.Tensor) -> torch.Tensor:
         counts = counts + self.emission_smoothing
         return counts / counts.sum(-1, keepdim=True)
 
