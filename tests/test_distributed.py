@@ -131,7 +131,16 @@ def _scenarios(rank: int, folder: Path) -> dict:
                 fitted.fit(here)
             return {"means": fitted.means_, "emission": fitted.emission_, "bounds": fitted.lower_bounds_}
 
+        def svi_collapsed(make_head):
+            def compute():
+                head = make_head()
+                metrics = svi(head, here, collapsed=True)
+                return {"model": tensors(head), "loss": metrics["loss"].tolist()}
+            return compute
+
         run(f"em_init/{layout}", em_from_init)
+        run(f"svi_collapsed_chained/{layout}", svi_collapsed(chained_head))
+        run(f"svi_collapsed_tied/{layout}", svi_collapsed(tied_head))
         run(f"svi_chained/{layout}", svi_chained)
         run(f"svi_tied/{layout}", svi_tied)
         run(f"vem/{layout}", vem)
@@ -289,6 +298,17 @@ def test_full_batch_svi_equals_one_process(ranks, head, layout):
     metrics = svi(model, data())
     for rank in range(WORLD):
         got = result(ranks, f"svi_{head}/{layout}", rank)
+        assert_close(got["model"], tensors(model), 1e-8)
+        assert got["loss"] == pytest.approx(metrics["loss"].tolist(), rel=1e-10, abs=1e-8)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("head", ["chained", "tied"])
+def test_full_batch_collapsed_svi_equals_one_process(ranks, head, layout):
+    model = chained_head() if head == "chained" else tied_head()
+    metrics = svi(model, data(), collapsed=True)
+    for rank in range(WORLD):
+        got = result(ranks, f"svi_collapsed_{head}/{layout}", rank)
         assert_close(got["model"], tensors(model), 1e-8)
         assert got["loss"] == pytest.approx(metrics["loss"].tolist(), rel=1e-10, abs=1e-8)
 
