@@ -10,6 +10,7 @@ is written once to a Parquet file. For each process count ``P`` the script spawn
   statistics (:func:`~pyro_multihop.distributed.all_reduce_stats`), M-step;
 - **SVI**: one full-batch step of :func:`~pyro_multihop.fit_svi`'s loop: the enumerated
   ``TraceEnum_ELBO`` loss share of the shard, backward, the gradient all-reduce, the ClippedAdam step;
+  and the same step on the collapsed model (``fit_svi(collapsed=True)``, ``Trace_ELBO``);
 - the all-reduce alone (``P > 1``): statistics and gradients, the median of 20, for the cost model.
 
 Time is the slowest rank's (ranks start together after a barrier). Peak memory is each process's peak
@@ -125,6 +126,11 @@ def _worker(rank: int, processes: int, port: int, path: str, config: dict, out: 
             optimizer.step()
 
         result["svi_seconds"], result["svi_peak_mib"] = timed(svi_step)
+        warm = _Loss(head, shard[:10], None, False, collapsed=True)
+        _backward(warm.train(0), head)
+        optimizer.zero_grad(set_to_none=True)
+        loss = _Loss(head, shard, None, False, total=n, largest_shard=largest, collapsed=True)
+        result["svi_collapsed_seconds"], result["svi_collapsed_peak_mib"] = timed(svi_step)
 
     if processes > 1:  # the communication alone
         stats = holder["stats"]
@@ -186,12 +192,13 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
 
     rows = []
-    for method in ("em", "svi"):
+    names = {"em": "EM iteration", "svi": "SVI step", "svi_collapsed": "SVI step, collapsed"}
+    for method in names:
         base = max(r[f"{method}_seconds"] for r in runs[1])
         for P, ranks in runs.items():
             seconds = max(r[f"{method}_seconds"] for r in ranks)
             rows.append({
-                "method": "EM iteration" if method == "em" else "SVI step",
+                "method": names[method],
                 "processes": P,
                 "rows_per_process": max(r["rows"] for r in ranks),
                 "seconds": seconds,
