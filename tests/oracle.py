@@ -11,13 +11,18 @@ import math
 import torch
 
 
-def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None):
+def enumerate_paths(
+    query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None, position_logit=None
+):
     """Joint probabilities of every hop path.
 
     :param query_vectors: ``(n, D)`` hop-1 query vector of each observation.
     :param key_vectors: list over hops of ``(n, N, D)`` key vectors of each position.
     :param value_vectors: ``(n, N, D)`` the query a position passes to the next hop.
     :param emission: ``(S, T)``; :param values: ``(n, N)``; :param target: ``(n,)``.
+    :param position_logit: optional ``(allowed, hop, previous, position) -> float`` added to the gate logit
+        (``allowed``: the real positions of the row in order; ``previous``: None at hop 0), see
+        :func:`position_logit`.
     :returns: list over observations of dicts ``path tuple -> (prior p(path), joint p(path, target))``.
     """
     n, N = values.shape
@@ -26,9 +31,11 @@ def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission,
     for row in range(n):
         allowed = [i for i in range(N) if mask is None or bool(mask[row, i])]
 
-        def gate(query, hop):
+        def gate(query, hop, previous):
             scores = [
-                -float(((query - key_vectors[hop][row, i]) ** 2).sum()) / (2 * sigma2) for i in allowed
+                -float(((query - key_vectors[hop][row, i]) ** 2).sum()) / (2 * sigma2)
+                + (0.0 if position_logit is None else float(position_logit(allowed, hop, previous, i)))
+                for i in allowed
             ]
             top = max(scores)
             weights = [math.exp(s - top) for s in scores]
@@ -39,9 +46,11 @@ def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission,
         for path in itertools.product(allowed, repeat=hops):
             prior = 1.0
             query = query_vectors[row]
+            previous = None
             for hop, position in enumerate(path):
-                prior *= gate(query, hop)[position]
+                prior *= gate(query, hop, previous)[position]
                 query = value_vectors[row, position]
+                previous = position
             joint = prior * float(emission[values[row, path[-1]], target[row]])
             table[path] = (prior, joint)
         result.append(table)
@@ -88,25 +97,50 @@ def summarise(tables, N, num_targets=None, emission=None, values=None):
 
 
 
-def log_likelihood_autograd(query_vectors, key_vectors, value_vectors, sigma2, emission, values, target):
+def log_likelihood_autograd(
+    query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, position_logit=None
+):
     """Differentiable brute force: ``(n,)`` log-likelihoods, every path summed with plain torch ops.
 
-    Arguments as :func:`enumerate_paths` (no mask); ``key_vectors`` and ``emission`` may require grad.
+    Arguments as :func:`enumerate_paths` (no mask); ``key_vectors``, ``emission`` and the tables behind
+    ``position_logit`` may require grad.
     """
     n, N = values.shape
     results = []
     for row in range(n):
         total = 0.0
+        allowed = list(range(N))
         for path in itertools.product(range(N), repeat=len(key_vectors)):
             prob = 1.0
             query = query_vectors[row]
+            previous = None
             for hop, position in enumerate(path):
                 distances = ((query - key_vectors[hop][row]) ** 2).sum(-1)
-                prob = prob * torch.softmax(-distances / (2 * sigma2), dim=0)[position]
+                logits = -distances / (2 * sigma2)
+                if position_logit is not None:
+                    logits = logits + torch.stack([position_logit(allowed, hop, previous, i) for i in allowed])
+                prob = prob * torch.softmax(logits, dim=0)[position]
                 query = value_vectors[row, position]
+                previous = position
             total = total + prob * emission[values[row, path[-1]], target[row]]
         results.append(torch.log(total))
     return torch.stack(results)
+
+
+def position_logit(age_logits, offset_logits, max_distance):
+    """The age/offset gate term of ``ChainedAttention(max_distance=D)``, from its definition, one position at a
+    time: age = real positions after ``position``; offset = real positions from ``previous`` to ``position``."""
+
+    def term(allowed, hop, previous, position):
+        rank = allowed.index(position)
+        age = min(len(allowed) - 1 - rank, max_distance)
+        logit = age_logits[hop, age]
+        if previous is not None:
+            offset = max(-max_distance, min(max_distance, rank - allowed.index(previous)))
+            logit = logit + offset_logits[hop - 1, offset + max_distance]
+        return logit
+
+    return term
 
 
 def random_observations(n, num_symbols, num_targets, context, seed=1, masked=False):
