@@ -30,11 +30,12 @@ def enumerate_paths(
     result = []
     for row in range(n):
         allowed = [i for i in range(N) if mask is None or bool(mask[row, i])]
+        row_term = position_logit(row) if getattr(position_logit, "per_row", False) else position_logit
 
         def gate(query, hop, previous):
             scores = [
                 -float(((query - key_vectors[hop][row, i]) ** 2).sum()) / (2 * sigma2)
-                + (0.0 if position_logit is None else float(position_logit(allowed, hop, previous, i)))
+                + (0.0 if position_logit is None else float(row_term(allowed, hop, previous, i)))
                 for i in allowed
             ]
             top = max(scores)
@@ -118,7 +119,8 @@ def log_likelihood_autograd(
                 distances = ((query - key_vectors[hop][row]) ** 2).sum(-1)
                 logits = -distances / (2 * sigma2)
                 if position_logit is not None:
-                    logits = logits + torch.stack([position_logit(allowed, hop, previous, i) for i in allowed])
+                    term = position_logit(row) if getattr(position_logit, "per_row", False) else position_logit
+                    logits = logits + torch.stack([term(allowed, hop, previous, i) for i in allowed])
                 prob = prob * torch.softmax(logits, dim=0)[position]
                 query = value_vectors[row, position]
                 previous = position
@@ -127,11 +129,22 @@ def log_likelihood_autograd(
     return torch.stack(results)
 
 
-def position_logit(age_logits, offset_logits, max_distance):
-    """The age/offset gate term of ``ChainedAttention(max_distance=D)``, from its definition, one position at a
-    time: age = real positions after ``position``; offset = real positions from ``previous`` to ``position``."""
+def position_logit(age_logits, offset_logits, max_distance, direction_logits=None, values=None):
+    """The age/offset/direction gate term of ``ChainedAttention(max_distance=D)``, from its definition, one
+    position at a time: age = real positions after ``position``; offset = real positions from ``previous`` to
+    ``position``; direction: ``direction_logits[hop - 1, value at previous]`` if ``position`` lies after it.
+    ``values``: ``(n, N)``; the callable then takes the row first: ``term(row)(allowed, hop, previous, i)``."""
 
-    def term(allowed, hop, previous, position):
+    def for_row(row):
+        def term(allowed, hop, previous, position):
+            logit = base(allowed, hop, previous, position)
+            if previous is not None and allowed.index(position) > allowed.index(previous):
+                logit = logit + direction_logits[hop - 1, values[row, previous]]
+            return logit
+
+        return term
+
+    def base(allowed, hop, previous, position):
         rank = allowed.index(position)
         age = min(len(allowed) - 1 - rank, max_distance)
         logit = age_logits[hop, age]
@@ -140,7 +153,8 @@ def position_logit(age_logits, offset_logits, max_distance):
             logit = logit + offset_logits[hop - 1, offset + max_distance]
         return logit
 
-    return term
+    for_row.per_row = True
+    return base if direction_logits is None else for_row
 
 
 def random_observations(n, num_symbols, num_targets, context, seed=1, masked=False):

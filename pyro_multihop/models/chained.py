@@ -111,8 +111,11 @@ class ChainedAttention(HopAttentionHead):
 
             logit_l(j | i) = content_l(value_i, key_j) + age_logits[l, min(age_j, D)]
                              + offset_logits[l - 1, clip(rank_j - rank_i, -D, D) + D]
+                             + direction_logits[l - 1, value_i] * [rank_j > rank_i]
 
-        Parameters ``age_logits (L, D + 1)`` and ``offset_logits (L - 1, 2 D + 1)``, initialised at 0. The chain
+        (the last term: whether the query symbol looks forward or backward from where the previous hop
+        attended). Parameters ``age_logits (L, D + 1)``, ``offset_logits (L - 1, 2 D + 1)`` and
+        ``direction_logits (L - 1, S)``, initialised at 0. The chain
         stays a Markov chain over positions (the offset term is a pairwise factor), so inference stays exact
         and ``O(L N^2)``. Order-dependent tasks (bAbI: "where is X *now*") need it. :class:`ChainedEM` has no
         closed-form M-step for these logits and refuses such a model.
@@ -174,6 +177,7 @@ class ChainedAttention(HopAttentionHead):
         if self.max_distance is not None:
             self.age_logits = PyroParam(torch.zeros(n_hops, self.max_distance + 1, dtype=dtype))
             self.offset_logits = PyroParam(torch.zeros(n_hops - 1, 2 * self.max_distance + 1, dtype=dtype))
+            self.direction_logits = PyroParam(torch.zeros(n_hops - 1, num_symbols, dtype=dtype))
 
     @property
     def emission(self) -> torch.Tensor:
@@ -201,8 +205,9 @@ class ChainedAttention(HopAttentionHead):
     def gate_logits(self, hop, keys, query, mask):
         return onehot_gate_logits(self.key_tables[hop], keys, query, mask, self.sigma2)
 
-    def _position_logits(self, age_logits, offset_logits, mask, n: int, N: int):
-        """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age and offset terms of the gate."""
+    def _position_logits(self, age_logits, offset_logits, direction_logits, values, mask):
+        """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age, offset and direction terms."""
+        n, N = values.shape
         rank, age = context_ranks(mask, n, N, device=age_logits.device)
         distance = self.max_distance
         age = age.clamp(0, distance)
@@ -213,7 +218,8 @@ class ChainedAttention(HopAttentionHead):
                 return logits
             previous_rank = attended_values(rank, previous).unsqueeze(-1)  # (..., n, 1)
             offset = (rank - previous_rank).clamp(-distance, distance) + distance  # (..., n, N)
-            return logits + offset_logits[hop - 1][offset]
+            forward = direction_logits[hop - 1][attended_values(values, previous)].unsqueeze(-1)  # (..., n, 1)
+            return logits + offset_logits[hop - 1][offset] + forward * (offset > distance)
 
         return position_logits
 
@@ -222,7 +228,9 @@ class ChainedAttention(HopAttentionHead):
         if self.max_distance is None:
             return super().hop_chain(obs)
         n, N = obs.keys.shape
-        position_logits = self._position_logits(self.age_logits, self.offset_logits, obs.mask, n, N)
+        position_logits = self._position_logits(
+            self.age_logits, self.offset_logits, self.direction_logits, obs.values, obs.mask
+        )
         init = log_normalize(self.gate_logits(0, obs.keys, obs.query, obs.mask) + position_logits(0, None))
         # Hop l > 0 from every position i at once: the "previous position" is arange(N) per row, (n, N).
         keys, mask = obs.keys.unsqueeze(-2), None if obs.mask is None else obs.mask.unsqueeze(-2)
@@ -251,7 +259,9 @@ class ChainedAttention(HopAttentionHead):
 
             position_logits = None
             if self.max_distance is not None:
-                position_logits = self._position_logits(self.age_logits, self.offset_logits, batch.mask, *batch.keys.shape)
+                position_logits = self._position_logits(
+                    self.age_logits, self.offset_logits, self.direction_logits, batch.values, batch.mask
+                )
             sample_hop_path(
                 gate_logits, self.n_hops, batch.query, batch.values, log_emission, batch.target, position_logits
             )

@@ -29,6 +29,7 @@ def random_head(hops, seed=0, sigma2=0.6):
     with torch.no_grad():
         head.age_logits.copy_(2 * torch.randn(head.age_logits.shape, generator=generator, dtype=torch.float64))
         head.offset_logits.copy_(2 * torch.randn(head.offset_logits.shape, generator=generator, dtype=torch.float64))
+        head.direction_logits.copy_(2 * torch.randn(head.direction_logits.shape, generator=generator, dtype=torch.float64))
     return head
 
 
@@ -36,15 +37,17 @@ def random_obs(n=5, seed=1, masked=False):
     return oracle.random_observations(n, S, T, N, seed, masked)
 
 
-def position_term(head):
-    return oracle.position_logit(head.age_logits.detach(), head.offset_logits.detach(), head.max_distance)
+def position_term(head, obs):
+    return oracle.position_logit(
+        head.age_logits.detach(), head.offset_logits.detach(), head.max_distance, head.direction_logits.detach(), obs.values
+    )
 
 
 def brute_force(head, obs):
     emission = head.emission.detach().double()
     tables = oracle.enumerate_paths(
         *oracle.onehot_vectors(head.key_tables, obs), head.sigma2, emission, obs.values, obs.target, obs.mask,
-        position_logit=position_term(head),
+        position_logit=position_term(head, obs),
     )
     return tables, oracle.summarise(tables, N, emission=emission, values=obs.values)
 
@@ -102,7 +105,7 @@ def test_enumerated_pyro_loss_is_brute_force_negative_log_likelihood(hops, maske
 @HOPS
 def test_gradients_match_brute_force_autograd(hops):
     head, obs = random_head(hops, seed=60 + hops), random_obs(n=3, seed=70 + hops)
-    params = [head.key_tables, head.emission_logits, head.age_logits, head.offset_logits]
+    params = [head.key_tables, head.emission_logits, head.age_logits, head.offset_logits, head.direction_logits]
     # The library's fused loss and the enumerated Pyro loss, against autograd through explicit path sums.
     fused = torch.autograd.grad(-head.log_likelihood(obs).sum(), params, allow_unused=True)
     pyro_grads = torch.autograd.grad(enumerated_loss(head, obs), params, allow_unused=True)
@@ -111,14 +114,17 @@ def test_gradients_match_brute_force_autograd(hops):
     emission_logits = head.emission_logits.detach().clone().requires_grad_()
     age_logits = head.age_logits.detach().clone().requires_grad_()
     offset_logits = head.offset_logits.detach().clone().requires_grad_()
+    direction_logits = head.direction_logits.detach().clone().requires_grad_()
     eye = torch.eye(S, dtype=torch.float64)
     loss = -oracle.log_likelihood_autograd(
         eye[obs.query], [table[obs.keys] for table in key_tables], eye[obs.values], head.sigma2,
-        emission_logits.softmax(-1), obs.values, obs.target, position_logit=oracle.position_logit(age_logits, offset_logits, D),
+        emission_logits.softmax(-1), obs.values, obs.target, position_logit=oracle.position_logit(age_logits, offset_logits, D, direction_logits, obs.values),
     ).sum()
-    expected = torch.autograd.grad(loss, [key_tables, emission_logits, age_logits, offset_logits], allow_unused=True)
-    for name, got_fused, got_pyro, want in zip(["key", "emission", "age", "offset"], fused, pyro_grads, expected):
-        if name == "offset" and hops == 1:  # offset_logits is (0, 2D + 1) and unused with one hop
+    tables = [key_tables, emission_logits, age_logits, offset_logits, direction_logits]
+    expected = torch.autograd.grad(loss, tables, allow_unused=True)
+    names = ["key", "emission", "age", "offset", "direction"]
+    for name, got_fused, got_pyro, want in zip(names, fused, pyro_grads, expected):
+        if name in ("offset", "direction") and hops == 1:  # (0, ...) tables, unused with one hop
             assert want is None and got_fused is None and got_pyro is None
             continue
         assert torch.allclose(got_fused, want, rtol=1e-9, atol=1e-12), name
