@@ -129,7 +129,7 @@ def log_likelihood_autograd(
     return torch.stack(results)
 
 
-def position_logit(age_logits, offset_logits, max_distance, direction_logits=None, values=None):
+def position_logit(age_slopes, offset_slopes, max_distance, direction_logits=None, values=None):
     """The age/offset/direction gate term of ``ChainedAttention(max_distance=D)``, from its definition, one
     position at a time: age = real positions after ``position``; offset = real positions from ``previous`` to
     ``position``; direction: ``direction_logits[hop - 1, value at previous]`` if ``position`` lies after it.
@@ -147,10 +147,10 @@ def position_logit(age_logits, offset_logits, max_distance, direction_logits=Non
     def base(allowed, hop, previous, position):
         rank = allowed.index(position)
         age = min(len(allowed) - 1 - rank, max_distance)
-        logit = age_logits[hop, age]
+        logit = age_slopes[hop] * age / 10.0  # slopes are per 10 positions (DISTANCE_UNIT)
         if previous is not None:
-            offset = max(-max_distance, min(max_distance, rank - allowed.index(previous)))
-            logit = logit + offset_logits[hop - 1, offset + max_distance]
+            distance = min(abs(rank - allowed.index(previous)), max_distance)
+            logit = logit + offset_slopes[hop - 1] * distance / 10.0
         return logit
 
     for_row.per_row = True

@@ -15,13 +15,13 @@ statements are dropped. Each statement becomes two positions, by a rule that kno
 - words are the statement's whitespace-separated tokens, lowercased, punctuation stripped;
 - a word is *salient* if it occurs in some question or answer of the training file (the words the task
   asks about and answers with; learnt from the data, never listed); a statement's *head* is its first
-  word, its *tail* its last salient word (its last word if none is salient), and its *rest* the
-  statement without that tail;
-- position ``2 s`` (forward): key = head, value = the compound symbol ``head tail``;
-  position ``2 s + 1`` (reverse): key = tail, value = the compound symbol ``rest``.
+  word and its *tail* its last salient word (its last word if none is salient);
+- position ``2 s`` (forward): key = value = the compound symbol ``head tail``;
+  position ``2 s + 1`` (reverse): key = tail, value = head.
 
-So a hop can go from a statement's head to its tail and back, and a compound value carries on what the next
-hop needs to know about the statement it came from (who, and what happened).
+So a hop can go from a tail to the statement's head (reverse), and from a head to the statements that pair
+it with some tail (forward: the learnt key table says which compounds a query symbol matches); the compound
+value carries on both words of the statement attended.
 
 The query symbol is the whole question (one symbol per distinct question text), the target the answer.
 Symbols are numbered in sorted order of their text, with ``<unk>`` (0) for a symbol or answer that the
@@ -190,11 +190,10 @@ def _salient_words(questions: Iterable[BabiQuestion]) -> set:
     return words
 
 
-def _sentence_symbols(tokens: Sequence[str], salient: set) -> Tuple[str, str, str]:
-    """``(head, tail, rest)``: the first word, the last salient word (else the last word), the other words."""
-    index = next((i for i in range(len(tokens) - 1, -1, -1) if tokens[i] in salient), len(tokens) - 1)
-    rest = " ".join(tokens[:index] + tokens[index + 1 :]) or tokens[0]
-    return tokens[0], tokens[index], rest
+def _sentence_symbols(tokens: Sequence[str], salient: set) -> Tuple[str, str]:
+    """``(head, tail)``: the first word and the last salient word (else the last word)."""
+    tail = next((token for token in reversed(tokens) if token in salient), tokens[-1])
+    return tokens[0], tail
 
 
 @dataclass
@@ -296,8 +295,9 @@ class BabiEncoder:
 
     def positions(self, tokens: Sequence[str]) -> List[Tuple[str, str]]:
         """The ``(key, value)`` symbols of a statement's two positions (forward, reverse)."""
-        head, tail, rest = _sentence_symbols(tokens, self.salient)
-        return [(head, f"{head} {tail}"), (tail, rest)]
+        head, tail = _sentence_symbols(tokens, self.salient)
+        pair = f"{head} {tail}"
+        return [(pair, pair), (tail, head)]
 
     def _symbol(self, text: str) -> int:
         return self._symbol_index.get(text, 0)

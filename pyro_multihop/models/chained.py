@@ -49,7 +49,10 @@ from .base import (
     sample_hop_path,
 )
 
-__all__ = ["ChainedAttention", "onehot_gate_logits", "context_ranks"]
+__all__ = ["ChainedAttention", "onehot_gate_logits", "context_ranks", "DISTANCE_UNIT"]
+
+#: Positions per unit of the age and offset slopes of ``ChainedAttention(max_distance=...)``.
+DISTANCE_UNIT = 10.0
 
 
 def onehot_gate_logits(
@@ -105,17 +108,21 @@ class ChainedAttention(HopAttentionHead):
     :param float init_noise: standard deviation of the noise added to ``"identity"`` tables.
     :param seed: seed of the initial key tables (None: torch's global generator).
     :param max_distance: None (the default: the gate sees symbols only) or a positive int ``D``: each hop's
-        gate logit then also gets a learned term for the attended position's *age* (how many real positions
-        follow it in the context, clipped to ``D``) and, from hop 2 on, one for its *offset* from the
-        position the previous hop attended (in real positions, clipped to ``[-D, D]``)::
+        gate logit then also gets learned terms for where a position is: its *age* (how many real positions
+        follow it in the context) and, from hop 2 on, its *offset* from the position ``i`` the previous hop
+        attended (in real positions), both clipped to ``D``::
 
-            logit_l(j | i) = content_l(value_i, key_j) + age_logits[l, min(age_j, D)]
-                             + offset_logits[l - 1, clip(rank_j - rank_i, -D, D) + D]
+            logit_l(j | i) = content_l(value_i, key_j) + age_slopes[l] * min(age_j, D) / DISTANCE_UNIT
+                             + offset_slopes[l - 1] * min(|rank_j - rank_i|, D) / DISTANCE_UNIT
                              + direction_logits[l - 1, value_i] * [rank_j > rank_i]
 
         (the last term: whether the query symbol looks forward or backward from where the previous hop
-        attended). Parameters ``age_logits (L, D + 1)``, ``offset_logits (L - 1, 2 D + 1)`` and
-        ``direction_logits (L - 1, S)``, initialised at 0. The chain
+        attended). Parameters ``age_slopes (L,)``, ``offset_slopes (L - 1,)`` and ``direction_logits
+        (L - 1, S)``, initialised at 0. Slopes rather than one free logit per distance: free tables memorise
+        the training stories (measured on bAbI task 2: training accuracy 0.78, test 0.23). Slopes are per
+        :data:`DISTANCE_UNIT` (10) positions: per position, an optimiser step on a slope would move the
+        logits of a 100-position context by 100 times the step and saturate the gate on position alone
+        before the content terms have learnt anything. The chain
         stays a Markov chain over positions (the offset term is a pairwise factor), so inference stays exact
         and ``O(L N^2)``. Order-dependent tasks (bAbI: "where is X *now*") need it. :class:`ChainedEM` has no
         closed-form M-step for these logits and refuses such a model.
@@ -175,8 +182,8 @@ class ChainedAttention(HopAttentionHead):
         self.emission_logits = PyroParam(emission_logits)
         self.max_distance = None if max_distance is None else check_positive_int("max_distance", max_distance)
         if self.max_distance is not None:
-            self.age_logits = PyroParam(torch.zeros(n_hops, self.max_distance + 1, dtype=dtype))
-            self.offset_logits = PyroParam(torch.zeros(n_hops - 1, 2 * self.max_distance + 1, dtype=dtype))
+            self.age_slopes = PyroParam(torch.zeros(n_hops, dtype=dtype))
+            self.offset_slopes = PyroParam(torch.zeros(n_hops - 1, dtype=dtype))
             self.direction_logits = PyroParam(torch.zeros(n_hops - 1, num_symbols, dtype=dtype))
 
     @property
@@ -205,21 +212,21 @@ class ChainedAttention(HopAttentionHead):
     def gate_logits(self, hop, keys, query, mask):
         return onehot_gate_logits(self.key_tables[hop], keys, query, mask, self.sigma2)
 
-    def _position_logits(self, age_logits, offset_logits, direction_logits, values, mask):
+    def _position_logits(self, age_slopes, offset_slopes, direction_logits, values, mask):
         """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age, offset and direction terms."""
         n, N = values.shape
-        rank, age = context_ranks(mask, n, N, device=age_logits.device)
+        rank, age = context_ranks(mask, n, N, device=age_slopes.device)
         distance = self.max_distance
-        age = age.clamp(0, distance)
+        age = age.clamp(0, distance).to(age_slopes.dtype) / DISTANCE_UNIT
 
         def position_logits(hop: int, previous: Optional[torch.Tensor]) -> torch.Tensor:
-            logits = age_logits[hop][age]  # (n, N)
+            logits = age_slopes[hop] * age  # (n, N)
             if previous is None:
                 return logits
-            previous_rank = attended_values(rank, previous).unsqueeze(-1)  # (..., n, 1)
-            offset = (rank - previous_rank).clamp(-distance, distance) + distance  # (..., n, N)
+            offset = rank - attended_values(rank, previous).unsqueeze(-1)  # (..., n, N)
+            distance_term = offset_slopes[hop - 1] * (offset.abs().clamp(max=distance).to(age.dtype) / DISTANCE_UNIT)
             forward = direction_logits[hop - 1][attended_values(values, previous)].unsqueeze(-1)  # (..., n, 1)
-            return logits + offset_logits[hop - 1][offset] + forward * (offset > distance)
+            return logits + distance_term + forward * (offset > 0)
 
         return position_logits
 
@@ -229,7 +236,7 @@ class ChainedAttention(HopAttentionHead):
             return super().hop_chain(obs)
         n, N = obs.keys.shape
         position_logits = self._position_logits(
-            self.age_logits, self.offset_logits, self.direction_logits, obs.values, obs.mask
+            self.age_slopes, self.offset_slopes, self.direction_logits, obs.values, obs.mask
         )
         init = log_normalize(self.gate_logits(0, obs.keys, obs.query, obs.mask) + position_logits(0, None))
         # Hop l > 0 from every position i at once: the "previous position" is arange(N) per row, (n, N).
@@ -260,7 +267,7 @@ class ChainedAttention(HopAttentionHead):
             position_logits = None
             if self.max_distance is not None:
                 position_logits = self._position_logits(
-                    self.age_logits, self.offset_logits, self.direction_logits, batch.values, batch.mask
+                    self.age_slopes, self.offset_slopes, self.direction_logits, batch.values, batch.mask
                 )
             sample_hop_path(
                 gate_logits, self.n_hops, batch.query, batch.values, log_emission, batch.target, position_logits

@@ -80,11 +80,11 @@ def test_positions_memory_cap_mask_and_supporting_positions(tmp_path):
     # Statement 2 fell out of the memory; statement 5 is the last slot.
     assert data.supporting_positions == [((),), ((4, 5),)]
     symbols = encoder.symbols
-    # "l5" is salient (an answer), so it is the tail: forward (p5 -> "p5 l5"), reverse (l5 -> "p5 moved to the").
-    assert [symbols[i] for i in data.obs.keys[1, 4:].tolist()] == ["p5", "l5"]
-    assert [symbols[i] for i in data.obs.values[1, 4:].tolist()] == ["p5 l5", "p5 moved to the"]
-    # The tail is the last salient word, wherever it stands; the rest keeps the other words in order.
-    assert encoder.positions(("p1", "took", "the", "l2", "there")) == [("p1", "p1 l2"), ("l2", "p1 took the there")]
+    # "l5" is salient (an answer), so it is the tail: forward ("p5 l5" -> "p5 l5"), reverse (l5 -> p5).
+    assert [symbols[i] for i in data.obs.keys[1, 4:].tolist()] == ["p5 l5", "l5"]
+    assert [symbols[i] for i in data.obs.values[1, 4:].tolist()] == ["p5 l5", "p5"]
+    # The tail is the last salient word, wherever it stands.
+    assert encoder.positions(("p1", "took", "the", "l2", "there")) == [("p1 l2", "p1 l2"), ("l2", "p1")]
     assert symbols[int(data.obs.query[1])] == "? where is p5"
     assert encoder.answers[int(data.obs.target[1])] == "L5"
 

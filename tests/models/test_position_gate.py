@@ -27,8 +27,8 @@ def random_head(hops, seed=0, sigma2=0.6):
         max_distance=D,
     )
     with torch.no_grad():
-        head.age_logits.copy_(2 * torch.randn(head.age_logits.shape, generator=generator, dtype=torch.float64))
-        head.offset_logits.copy_(2 * torch.randn(head.offset_logits.shape, generator=generator, dtype=torch.float64))
+        head.age_slopes.copy_(2 * torch.randn(head.age_slopes.shape, generator=generator, dtype=torch.float64))
+        head.offset_slopes.copy_(2 * torch.randn(head.offset_slopes.shape, generator=generator, dtype=torch.float64))
         head.direction_logits.copy_(2 * torch.randn(head.direction_logits.shape, generator=generator, dtype=torch.float64))
     return head
 
@@ -39,7 +39,7 @@ def random_obs(n=5, seed=1, masked=False):
 
 def position_term(head, obs):
     return oracle.position_logit(
-        head.age_logits.detach(), head.offset_logits.detach(), head.max_distance, head.direction_logits.detach(), obs.values
+        head.age_slopes.detach(), head.offset_slopes.detach(), head.max_distance, head.direction_logits.detach(), obs.values
     )
 
 
@@ -59,7 +59,8 @@ def enumerated_loss(head, obs):
 
 def test_default_head_has_no_position_terms_and_zero_terms_change_nothing():
     plain = ChainedAttention(2, S, T, seed=0, init="random")
-    assert plain.max_distance is None and not hasattr(plain, "age_logits")
+    assert plain.max_distance is None and not hasattr(plain, "age_slopes")
+    assert not hasattr(plain, "direction_logits")
     assert "max_distance" not in plain.config()
     positional = ChainedAttention(2, S, T, seed=0, init="random", max_distance=D)
     positional.load_state_dict(plain.state_dict(), strict=False)
@@ -105,26 +106,26 @@ def test_enumerated_pyro_loss_is_brute_force_negative_log_likelihood(hops, maske
 @HOPS
 def test_gradients_match_brute_force_autograd(hops):
     head, obs = random_head(hops, seed=60 + hops), random_obs(n=3, seed=70 + hops)
-    params = [head.key_tables, head.emission_logits, head.age_logits, head.offset_logits, head.direction_logits]
+    params = [head.key_tables, head.emission_logits, head.age_slopes, head.offset_slopes, head.direction_logits]
     # The library's fused loss and the enumerated Pyro loss, against autograd through explicit path sums.
     fused = torch.autograd.grad(-head.log_likelihood(obs).sum(), params, allow_unused=True)
     pyro_grads = torch.autograd.grad(enumerated_loss(head, obs), params, allow_unused=True)
 
     key_tables = head.key_tables.detach().clone().requires_grad_()
     emission_logits = head.emission_logits.detach().clone().requires_grad_()
-    age_logits = head.age_logits.detach().clone().requires_grad_()
-    offset_logits = head.offset_logits.detach().clone().requires_grad_()
+    age_slopes = head.age_slopes.detach().clone().requires_grad_()
+    offset_slopes = head.offset_slopes.detach().clone().requires_grad_()
     direction_logits = head.direction_logits.detach().clone().requires_grad_()
     eye = torch.eye(S, dtype=torch.float64)
     loss = -oracle.log_likelihood_autograd(
         eye[obs.query], [table[obs.keys] for table in key_tables], eye[obs.values], head.sigma2,
-        emission_logits.softmax(-1), obs.values, obs.target, position_logit=oracle.position_logit(age_logits, offset_logits, D, direction_logits, obs.values),
+        emission_logits.softmax(-1), obs.values, obs.target, position_logit=oracle.position_logit(age_slopes, offset_slopes, D, direction_logits, obs.values),
     ).sum()
-    tables = [key_tables, emission_logits, age_logits, offset_logits, direction_logits]
+    tables = [key_tables, emission_logits, age_slopes, offset_slopes, direction_logits]
     expected = torch.autograd.grad(loss, tables, allow_unused=True)
     names = ["key", "emission", "age", "offset", "direction"]
     for name, got_fused, got_pyro, want in zip(names, fused, pyro_grads, expected):
-        if name in ("offset", "direction") and hops == 1:  # (0, ...) tables, unused with one hop
+        if name in ("offset", "direction") and hops == 1:  # (0,) and (0, S): unused with one hop
             assert want is None and got_fused is None and got_pyro is None
             continue
         assert torch.allclose(got_fused, want, rtol=1e-9, atol=1e-12), name
