@@ -30,13 +30,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--hops", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--ten-k", type=Path, default=None, help="en-10k directory: also tasks 1-2 with 10k training")
-    parser.add_argument("--ten-k-hops", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ten-k-tasks", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--ten-k-hops", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    parser.add_argument("--name", default="babi", help="stem of the table files (default: babi)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [(task, hops, None) for task in args.tasks for hops in args.hops]
     if args.ten_k is not None:
-        runs += [(task, hops, args.ten_k) for task, hops in zip([1, 2], args.ten_k_hops)]
+        runs += [(task, hops, args.ten_k) for task, hops in zip(args.ten_k_tasks, args.ten_k_hops)]
     rows = []
     for task, hops, train_dir in runs:
         name = f"task{task}_L{hops}" + ("_10k" if train_dir else "")
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
         rows.append(result)
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "babi.csv", index=False)
+    table.to_csv(args.out / f"{args.name}.csv", index=False)
     lines = [
         "| task | training | hops | answer accuracy (%) | fact selection (%) | training time (s) |",
         "|---|---|---|---:|---:|---:|",
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
             f"{100 * row['fact_accuracy']:.1f} | {row['train_seconds']:.0f} |"
         )
     settings = "smoke: 5 steps, 50 questions" if args.smoke else f"{BABI_SVI}"
-    (args.out / "babi.md").write_text(
+    (args.out / f"{args.name}.md").write_text(
         "# bAbI tasks 1-3 (test files, 1000 questions each)\n\n"
         f"`python benchmarks/babi.py`, settings {settings}, one thread.\n\n" + "\n".join(lines) + "\n"
     )

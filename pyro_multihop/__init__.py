@@ -7,6 +7,7 @@ from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
 from .checkpoint import load_checkpoint, save_checkpoint
 from .train import SVI_DEFAULTS, fit_svi
+from . import datasets
 
 __version__ = "0.1.0"
 
@@ -29,4 +30,5 @@ __all__ = [
     "SVI_DEFAULTS",
     "save_checkpoint",
     "load_checkpoint",
+    "datasets",
 ]

@@ -8,8 +8,10 @@ import string
 import pytest
 import torch
 
-from pyro_multihop import ChainedAttention, fit_svi
 from pyro_multihop.datasets import babi
+from pyro_multihop.datasets.babi_run import babi_head, evaluate_babi, fit_babi
+
+STEPS = 80
 
 STORY = """1 Mary moved to the bathroom.
 2 John went to the hallway.
@@ -166,12 +168,10 @@ def relabel_file(source, destination, mapping):
 
 def train_and_score(data_dir, seed):
     train, test = babi.load_task(1, data_dir=data_dir, max_train=300)
-    head = ChainedAttention(1, train.encoder.num_symbols, train.encoder.num_targets, seed=seed, max_distance=20)
-    fit_svi(head, train.obs, num_steps=60, progress=False)
-    with torch.no_grad():
-        accuracy = head.evaluate(test.obs)["accuracy"]
-        facts = test.fact_accuracy(head.map_paths(test.obs))
-    return train, test, accuracy, facts
+    head = babi_head(train, hops=1, seed=seed)
+    fit_babi(head, train, num_steps=STEPS)
+    result = evaluate_babi(head, test)
+    return train, test, result["answer_accuracy"], result["fact_accuracy"]
 
 
 def test_relabelling_every_word_gives_the_same_accuracies(tmp_path):
@@ -202,9 +202,9 @@ def test_relabelling_every_word_gives_the_same_accuracies(tmp_path):
         assert torch.equal(relabelled.obs.query, permutation[original.obs.query])
         assert relabelled.supporting == original.supporting
     # Same code and settings: the only difference left is which initial key-table row each symbol draws.
-    # 60 steps on 300 questions put both runs at the task's ceiling; the tolerance (0.03 on 1000 test
-    # questions) is above the spread between seeds of the original (measured in the docstring of
-    # docs/babi.md, "relabelling") and far below what a word-dependent rule would lose (chance is 1/6).
+    # Measured over seeds 0-3 of the original: answer accuracy 0.961-0.964, fact selection 0.963-0.967, a
+    # spread of 0.004; the tolerance is 5 times that, and far below what a word-dependent rule would lose
+    # (chance is 1/6).
     assert accuracy > 0.9
-    assert abs(accuracy - accuracy_r) <= 0.03
-    assert abs(facts - facts_r) <= 0.03
+    assert abs(accuracy - accuracy_r) <= 0.02
+    assert abs(facts - facts_r) <= 0.02
