@@ -260,11 +260,16 @@ class BabiEncoder:
 
     :param train: the training questions (:func:`read_babi`).
     :param int memory: statements kept before each question (the most recent ones).
+    :param str reverse_value: the value of a statement's reverse position: ``"head"`` (the default) or
+        ``"rest"``, the compound of the statement's words other than its tail (an ablation, docs/babi.md).
     """
 
-    def __init__(self, train: Sequence[BabiQuestion], memory: int = DEFAULT_MEMORY):
+    def __init__(self, train: Sequence[BabiQuestion], memory: int = DEFAULT_MEMORY, reverse_value: str = "head"):
         if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
             raise ValueError(f"memory must be a positive integer, got {memory!r}")
+        if reverse_value not in ("head", "rest"):
+            raise ValueError(f"reverse_value must be 'head' or 'rest', got {reverse_value!r}")
+        self.reverse_value = reverse_value
         if len(train) == 0:
             raise ValueError("train must hold at least one question, got 0")
         self.memory = memory
@@ -297,6 +302,9 @@ class BabiEncoder:
         """The ``(key, value)`` symbols of a statement's two positions (forward, reverse)."""
         head, tail = _sentence_symbols(tokens, self.salient)
         pair = f"{head} {tail}"
+        if self.reverse_value == "rest":
+            index = len(tokens) - 1 - tokens[::-1].index(tail)
+            return [(pair, pair), (tail, " ".join(tokens[:index] + tokens[index + 1 :]) or head)]
         return [(pair, pair), (tail, head)]
 
     def _symbol(self, text: str) -> int:
@@ -349,6 +357,7 @@ def load_task(
     train_dir: Optional[PathLike] = None,
     memory: int = DEFAULT_MEMORY,
     max_train: Optional[int] = None,
+    reverse_value: str = "head",
 ) -> Tuple[BabiData, BabiData]:
     """Read, encode and return ``(train, test)`` of one task.
 
@@ -356,6 +365,7 @@ def load_task(
         like the official release; default the shipped en 1k files (:data:`DEFAULT_DATA_DIR`).
     :param train_dir: directory of the training file, e.g. ``.../en-10k`` (its test files equal ``en``'s).
     :param max_train: keep only the first ``max_train`` training questions.
+    :param reverse_value: see :class:`BabiEncoder`.
     """
     data_dir = DEFAULT_DATA_DIR if data_dir is None else Path(data_dir)
     train_questions = read_babi(task_files(train_dir or data_dir, task, "train"))
@@ -364,5 +374,5 @@ def load_task(
             raise ValueError(f"max_train must be a positive integer, got {max_train!r}")
         train_questions = train_questions[:max_train]
     test_questions = read_babi(task_files(data_dir, task, "test"))
-    encoder = BabiEncoder(train_questions, memory=memory)
+    encoder = BabiEncoder(train_questions, memory=memory, reverse_value=reverse_value)
     return encoder.encode(train_questions), encoder.encode(test_questions)

@@ -208,3 +208,16 @@ def test_relabelling_every_word_gives_the_same_accuracies(tmp_path):
     assert accuracy > 0.9
     assert abs(accuracy - accuracy_r) <= 0.02
     assert abs(facts - facts_r) <= 0.02
+
+
+def test_reverse_value_rest_keeps_the_other_words_and_bad_options_are_rejected(tmp_path):
+    questions = babi.read_babi(write(tmp_path, STORY))
+    encoder = babi.BabiEncoder(questions, reverse_value="rest")
+    assert encoder.positions(("mary", "moved", "to", "the", "bathroom")) == [
+        ("mary bathroom", "mary bathroom"),
+        ("bathroom", "mary moved to the"),
+    ]
+    with pytest.raises(ValueError, match="reverse_value"):
+        babi.BabiEncoder(questions, reverse_value="verb")
+    with pytest.raises(ValueError, match="memory"):
+        babi.BabiEncoder(questions, memory=0)
