@@ -10,6 +10,7 @@ from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
 from .checkpoint import load_checkpoint, save_checkpoint
 from .train import SVI_DEFAULTS, fit_svi
+from . import datasets
 
 __version__ = "0.1.0"
 
@@ -38,4 +39,5 @@ __all__ = [
     "SVI_DEFAULTS",
     "save_checkpoint",
     "load_checkpoint",
+    "datasets",
 ]

@@ -186,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--rows", type=_nonnegative_int, nargs="+", default=[0, 1, 2],
                          help="rows of --data whose hop marginals to draw (default: 0 1 2)")
     inspect.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+
+    from .datasets.babi_run import add_babi_parser
+
+    add_babi_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
     return parser
 
 
@@ -589,7 +593,14 @@ def _inspect(args) -> int:
     return 0
 
 
-_COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect}
+def _babi(args) -> int:
+    from .datasets.babi_run import babi_command
+
+    return babi_command(args)
+
+
+_COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect,
+             "babi": _babi}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -11,13 +11,18 @@ import math
 import torch
 
 
-def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None):
+def enumerate_paths(
+    query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None, position_logit=None
+):
     """Joint probabilities of every hop path.
 
     :param query_vectors: ``(n, D)`` hop-1 query vector of each observation.
     :param key_vectors: list over hops of ``(n, N, D)`` key vectors of each position.
     :param value_vectors: ``(n, N, D)`` the query a position passes to the next hop.
     :param emission: ``(S, T)``; :param values: ``(n, N)``; :param target: ``(n,)``.
+    :param position_logit: optional ``(allowed, hop, previous, position) -> float`` added to the gate logit
+        (``allowed``: the real positions of the row in order; ``previous``: None at hop 0), see
+        :func:`position_logit`.
     :returns: list over observations of dicts ``path tuple -> (prior p(path), joint p(path, target))``.
     """
     n, N = values.shape
@@ -25,10 +30,13 @@ def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission,
     result = []
     for row in range(n):
         allowed = [i for i in range(N) if mask is None or bool(mask[row, i])]
+        row_term = position_logit(row) if getattr(position_logit, "per_row", False) else position_logit
 
-        def gate(query, hop):
+        def gate(query, hop, previous):
             scores = [
-                -float(((query - key_vectors[hop][row, i]) ** 2).sum()) / (2 * sigma2) for i in allowed
+                -float(((query - key_vectors[hop][row, i]) ** 2).sum()) / (2 * sigma2)
+                + (0.0 if position_logit is None else float(row_term(allowed, hop, previous, i)))
+                for i in allowed
             ]
             top = max(scores)
             weights = [math.exp(s - top) for s in scores]
@@ -39,9 +47,11 @@ def enumerate_paths(query_vectors, key_vectors, value_vectors, sigma2, emission,
         for path in itertools.product(allowed, repeat=hops):
             prior = 1.0
             query = query_vectors[row]
+            previous = None
             for hop, position in enumerate(path):
-                prior *= gate(query, hop)[position]
+                prior *= gate(query, hop, previous)[position]
                 query = value_vectors[row, position]
+                previous = position
             joint = prior * float(emission[values[row, path[-1]], target[row]])
             table[path] = (prior, joint)
         result.append(table)
@@ -88,22 +98,32 @@ def summarise(tables, N, num_targets=None, emission=None, values=None):
 
 
 
-def log_likelihood_autograd(query_vectors, key_vectors, value_vectors, sigma2, emission, values, target):
+def log_likelihood_autograd(
+    query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, position_logit=None
+):
     """Differentiable brute force: ``(n,)`` log-likelihoods, every path summed with plain torch ops.
 
-    Arguments as :func:`enumerate_paths` (no mask); ``key_vectors`` and ``emission`` may require grad.
+    Arguments as :func:`enumerate_paths` (no mask); ``key_vectors``, ``emission`` and the tables behind
+    ``position_logit`` may require grad.
     """
     n, N = values.shape
     results = []
     for row in range(n):
         total = 0.0
+        allowed = list(range(N))
         for path in itertools.product(range(N), repeat=len(key_vectors)):
             prob = 1.0
             query = query_vectors[row]
+            previous = None
             for hop, position in enumerate(path):
                 distances = ((query - key_vectors[hop][row]) ** 2).sum(-1)
-                prob = prob * torch.softmax(-distances / (2 * sigma2), dim=0)[position]
+                logits = -distances / (2 * sigma2)
+                if position_logit is not None:
+                    term = position_logit(row) if getattr(position_logit, "per_row", False) else position_logit
+                    logits = logits + torch.stack([term(allowed, hop, previous, i) for i in allowed])
+                prob = prob * torch.softmax(logits, dim=0)[position]
                 query = value_vectors[row, position]
+                previous = position
             total = total + prob * emission[values[row, path[-1]], target[row]]
         results.append(torch.log(total))
     return torch.stack(results)
@@ -200,6 +220,34 @@ def path_counts(paths):
             row_counts[path] = row_counts.get(path, 0) + 1
         counts.append(row_counts)
     return counts
+
+
+def position_logit(age_slopes, offset_slopes, max_distance, direction_logits=None, values=None):
+    """The age/offset/direction gate term of ``ChainedAttention(max_distance=D)``, from its definition, one
+    position at a time: age = real positions after ``position``; offset = real positions from ``previous`` to
+    ``position``; direction: ``direction_logits[hop - 1, value at previous]`` if ``position`` lies after it.
+    ``values``: ``(n, N)``; the callable then takes the row first: ``term(row)(allowed, hop, previous, i)``."""
+
+    def for_row(row):
+        def term(allowed, hop, previous, position):
+            logit = base(allowed, hop, previous, position)
+            if previous is not None and allowed.index(position) > allowed.index(previous):
+                logit = logit + direction_logits[hop - 1, values[row, previous]]
+            return logit
+
+        return term
+
+    def base(allowed, hop, previous, position):
+        rank = allowed.index(position)
+        age = min(len(allowed) - 1 - rank, max_distance)
+        logit = age_slopes[hop] * age / 10.0  # slopes are per 10 positions (DISTANCE_UNIT)
+        if previous is not None:
+            distance = min(abs(rank - allowed.index(previous)), max_distance)
+            logit = logit + offset_slopes[hop - 1] * distance / 10.0
+        return logit
+
+    for_row.per_row = True
+    return base if direction_logits is None else for_row
 
 
 def random_observations(n, num_symbols, num_targets, context, seed=1, masked=False):

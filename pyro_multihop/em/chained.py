@@ -416,6 +416,13 @@ class ChainedEM:
     def _check_model(self, model, name: str = "model") -> None:
         if not isinstance(model, ChainedAttention):
             raise TypeError(f"{name} must be a ChainedAttention, got {type(model).__name__}")
+        if getattr(model, "max_distance", None) is not None:
+            # The age and offset logits sit inside each hop's softmax normaliser, so the expected complete-data
+            # log-likelihood has no closed-form maximiser in them (unlike the key tables' weighted means).
+            raise ValueError(
+                f"{name}.max_distance = {model.max_distance}: ChainedEM has no closed-form M-step for the age "
+                "and offset logits (they enter each hop's softmax normaliser); fit such a head with fit_svi"
+            )
         for field in ("n_hops", "num_symbols", "num_targets", "sigma2"):
             if getattr(model, field) != getattr(self, field):
                 raise ValueError(

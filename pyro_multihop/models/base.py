@@ -38,6 +38,7 @@ def sample_hop_path(
     values: torch.Tensor,
     log_emission: torch.Tensor,
     target: torch.Tensor,
+    position_logits: Optional[Callable[[int, Optional[torch.Tensor]], torch.Tensor]] = None,
 ) -> None:
     """Pyro sites of the hop path, to be called inside the observations plate (dim -1)::
 
@@ -53,9 +54,17 @@ def sample_hop_path(
     :param gate_logits: ``(hop, query (..., n)) -> (..., n, N)`` unnormalised logits, padding masked.
     :param query: ``(n,)`` query symbols. :param values: ``(n, N)`` value symbols.
     :param log_emission: ``(S, T)`` normalised log emission table. :param target: ``(n,)``.
+    :param position_logits: optional ``(hop, previous position (..., n) or None at hop 0) -> (..., n, N)``
+        logits added to the gate: terms that depend on where a position is in the context (its age) and
+        on where the previous hop attended (the offset), rather than on symbols.
     """
+    previous = None
     for hop in pyro.markov(range(n_hops)):
-        position = pyro.sample(f"z_{hop + 1}", GateCategorical(gate_logits(hop, query)), infer={"enumerate": "parallel"})
+        logits = gate_logits(hop, query)
+        if position_logits is not None:
+            logits = logits + position_logits(hop, previous)
+        position = pyro.sample(f"z_{hop + 1}", GateCategorical(logits), infer={"enumerate": "parallel"})
+        previous = position
         query = attended_values(values, position)
         if hop == n_hops - 1:
             pyro.sample("target", TableCategorical(log_emission, query), obs=target)

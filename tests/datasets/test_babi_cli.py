@@ -1,0 +1,63 @@
+"""``pyro-multihop babi`` at smoke size: results.json, the hop-posterior figure, EM, and one-line errors."""
+
+import json
+
+from pyro_multihop.cli import main
+from pyro_multihop.datasets import babi
+
+
+def test_babi_command_trains_evaluates_and_draws(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["babi", "--task", "1", "--hops", "1", "--steps", "80", "--max-train", "300", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {"answer_accuracy", "fact_accuracy", "n_test", "task", "hops"} <= set(results)
+    assert results["task"] == 1 and results["hops"] == 1 and results["n_test"] == 1000
+    # Task 1 needs one hop and recency: 80 steps on 300 questions answer 0.96 of the test questions.
+    assert results["answer_accuracy"] > 0.9 and results["fact_accuracy"] > 0.9
+    assert (out / "hop_posteriors.png").stat().st_size > 10_000
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == results
+
+
+def test_babi_command_em_fits_the_content_only_gate(tmp_path):
+    out = tmp_path / "em"
+    code = main(["babi", "--task", "1", "--hops", "1", "--method", "em", "--steps", "3", "--max-train", "100",
+                 "--data-dir", str(babi.DEFAULT_DATA_DIR), "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["method"] == "em" and results["positional"] is False and 0 <= results["answer_accuracy"] <= 1
+
+
+def test_babi_command_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "qa1_x_train.txt").write_text("1 Mary moved.\n2 Where is Mary? \tbathroom\n")
+    (bad / "qa1_x_test.txt").write_text("1 Mary moved.\n2 Where is Mary? \tbathroom\t1\n")
+    cases = [
+        (["babi", "--task", "1", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "o")], "is not a directory"),
+        (["babi", "--task", "2", "--data-dir", str(bad), "--out", str(tmp_path / "o")], "qa2_"),
+        (["babi", "--task", "1", "--data-dir", str(bad), "--out", str(tmp_path / "o")], "qa1_x_train.txt:2:"),
+        (["babi", "--task", "0", "--out", str(tmp_path / "o")], "task"),
+        (["babi", "--task", "1", "--steps", "0", "--out", str(tmp_path / "o")], "--steps"),
+    ]
+    for argv, fragment in cases:
+        code = main(argv)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and fragment in lines[0], (argv, lines)
+
+
+def test_babi_benchmark_smoke(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "babi.py"), "--smoke", "--tasks", "1", "--hops", "1", "2",
+         "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    table = (tmp_path / "babi.md").read_text()
+    assert "| 1 | 1k | 1 |" in table and "| 1 | 1k | 2 |" in table
+    assert (tmp_path / "babi_runs" / "task1_L2" / "checkpoint.pt").is_file()
