@@ -30,3 +30,25 @@ def test_pyro_overhead_benchmark_smoke(tmp_path):
     table = (tmp_path / "pyro_overhead.md").read_text()
     for row in ("Pyro, library model", "Pyro, minimal model", "fused", "aten::bmm"):
         assert row in table
+
+
+def test_engine_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engine.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    speed = pd.read_csv(tmp_path / "engine_speed.csv")
+    assert set(speed["route"]) == {"symbols", "positions"}
+    assert (speed[["log_likelihood_ms", "predict_proba_ms", "e_step_ms", "collapsed_ms", "enumerated_ms"]] > 0).all().all()
+    memory = pd.read_csv(tmp_path / "engine_memory.csv")
+    assert list(memory["query"]) == ["log_likelihood", "predict_proba", "hop_marginals", "map_paths", "e_step",
+                                     "sample_paths", "path_entropy", "k_best_paths", "value_marginals"]
+    measured = memory[memory["status"] == "ok"]
+    assert {"log_likelihood", "e_step", "map_paths", "value_marginals"} <= set(measured["query"])
+    assert (measured["seconds"] > 0).all() and (measured["peak_mib"] >= measured["rss_after_load_mib"]).all()
+    scaling = pd.read_csv(tmp_path / "engine_scaling.csv")
+    assert set(scaling["axis"]) == {"n", "N", "S"} and set(scaling["query"]) == {"log_likelihood", "e_step"}
+    assert "Log-log slopes" in (tmp_path / "engine_scaling.md").read_text()
+    peer = (tmp_path / "engine_peer.md").read_text()
+    assert "torch-struct" in peer
