@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 OUT ?= demo_output
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo docs bench clean
 
 venv: $(VENV)/.installed
 
@@ -21,8 +21,12 @@ test: venv
 demo: venv
 	$(PY) scripts/demo.py --out $(OUT)
 
+# The documentation site (Sphinx, MyST Markdown, notebooks rendered from their stored outputs).
+docs: venv
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 bench: venv
 	$(PY) benchmarks/run_all.py --out benchmarks/results
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache
+	rm -rf $(VENV) $(OUT) .pytest_cache docs/_build docs/generated

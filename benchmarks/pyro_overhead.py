@@ -1,6 +1,6 @@
 """Where the enumerated Pyro loss spends the time the fused loss does not, at small contexts.
 
-Two measurements behind the README's account of the chained-loss benchmark (L = 1, N = 10):
+Two measurements behind docs/exactness.md's account of the chained-loss benchmark (L = 1, N = 10):
 
 1. **Fixed cost per call** at ``n = 1``: the library's enumerated model, a minimal two-site enumerated
    model written here with plain tensors (no ``PyroModule``, no validation of observations, the same

@@ -289,7 +289,7 @@ def _check_task_sizes(n: int, num_symbols: int, pairs: int, hops: int) -> None:
 
 
 def chain_task(n: int, hops: int, num_symbols: int = 30, pairs: int = 5, seed: Optional[int] = 0) -> Observations:
-    """An L-hop lookup chain ``x0 -> x1 -> ... -> xL``; ``hops = 2`` is :func:`transitive_task`.
+    """An L-hop lookup chain from ``x0`` to ``xL``, one lookup a hop; ``hops = 2`` is :func:`transitive_task`.
 
     Each row draws ``hops + 1`` role sets ``x_0..x_L``, each ``pairs`` distinct symbols out of
     ``num_symbols`` (independently across roles, so a symbol can play two roles and collide). The

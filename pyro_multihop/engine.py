@@ -114,7 +114,7 @@ def _resolve_budget(budget) -> int:
 
 
 # -- what a head hands the engine -----------------------------------------------------------------------------
-class HopGates(NamedTuple):
+class HopGates:
     """A head's gate and emission, as the engine needs them.
 
     :ivar log_emission: ``(S, T)`` normalised log emission table.
@@ -123,19 +123,40 @@ class HopGates(NamedTuple):
     :ivar n_hops: ``L``.
     :ivar scores: ``(L, S, S)`` or None; ``scores[l, q, k]`` is the unnormalised logit of hop ``l + 1``
         when its query symbol ``q`` meets key symbol ``k``. None when the gate depends on more than the
-        two symbols (then only the dense route is available).
+        two symbols (then only the dense log factors are available).
     """
 
-    log_emission: torch.Tensor
-    dense_chain: Callable[[Observations], HopChain]
-    n_hops: int
-    scores: Optional[torch.Tensor] = None
+    def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[Observations], HopChain], n_hops: int,
+                 scores: Optional[torch.Tensor] = None):
+        self.log_emission = log_emission
+        self.dense_chain = dense_chain
+        self.n_hops = n_hops
+        self.scores = scores
+        self._transition_weights = None
+
+    def replace(self, **changes) -> "HopGates":
+        """A copy with some fields changed."""
+        fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
+                  "scores": self.scores}
+        fields.update(changes)
+        return HopGates(**fields)
+
+    @property
+    def transition_weights(self) -> torch.Tensor:
+        """``(L - 1, S, S)``: ``exp(scores[l] - max_k scores[l, :, k])`` for the hops after the first (row
+        maximum 1), computed once per :class:`HopGates` and shared by every chunk."""
+        if self._transition_weights is None:
+            later = self.scores[1:]
+            self._transition_weights = (later - later.amax(-1, keepdim=True)).exp()
+        return self._transition_weights
 
 
 def chain_from_scores(scores: torch.Tensor, obs: Observations) -> HopChain:
-    """The dense log factors of ``obs`` for a gate given by score tables ``scores (L, S, S)``::
+    """The dense log factors of ``obs`` for a gate given by the score tables ``scores`` ``(L, S, S)``.
 
-        init[c, j]        = log softmax_j scores[0][query_c, key_cj]            (padding excluded)
+    In formulas (padding positions excluded from every softmax)::
+
+        init[c, j]        = log softmax_j scores[0][query_c, key_cj]
         trans[l, c, i, j] = log softmax_j scores[l + 1][value_ci, key_cj]
     """
     mask = obs.mask
@@ -198,9 +219,9 @@ class _SymbolTransitions:
     ``beta'[i] = sum_j P_l[i, j] beta[j]``; ``ok``: rows whose normalisers are all representable.
     """
 
-    def __init__(self, scores: torch.Tensor, chunk: Observations):
-        gates = scores[1:]
-        self.gates = (gates - gates.amax(-1, keepdim=True)).exp()  # (L - 1, S, S), row max 1
+    def __init__(self, gates: HopGates, chunk: Observations):
+        scores = gates.scores
+        self.gates = gates.transition_weights  # (L - 1, S, S), row max 1
         self.keys, self.values = chunk.keys, chunk.values
         self.real = chunk.full_mask().to(scores.dtype)
         c, S = self.keys.shape[0], scores.shape[-1]
@@ -242,17 +263,52 @@ class _SymbolTransitions:
 
 
 class _PositionTransitions:
-    """Hop transitions of a chunk as dense ``(c, N, N)`` probability matrices of its log factors."""
+    """Hop transitions of a chunk as dense ``(c, N, N)`` matrices ``P = diag(1 / R) W``.
 
-    def __init__(self, chain: HopChain):
-        self.matrices = chain.trans.exp()  # (L - 1, c, N, N), rows on the simplex
-        self.ok = torch.ones(chain.init.shape[0], dtype=torch.bool, device=chain.init.device)
+    With score tables, ``W[i, j] = E_l[value_i, key_j]`` (the shared ``transition_weights``, gathered; padding
+    columns zero) and ``R`` its row sums, so a hop costs one gather, one sum and one batched product, with no
+    logarithm or exponential per entry; rows whose ``R`` underflows are flagged in ``ok`` for the log-space
+    recompute. Without tables (position-dependent gates), ``W`` is the exponential of the head's dense log
+    factors and ``R = 1``.
+    """
+
+    def __init__(self, gates: HopGates, chunk: Observations, chain: Optional[HopChain]):
+        c, N = chunk.keys.shape
+        self.ok = torch.ones(c, dtype=torch.bool, device=chunk.keys.device)
+        if chain is not None:
+            self.weights = chain.trans.exp()  # (L - 1, c, N, N), rows on the simplex
+            self.inverse_normalisers = None
+            return
+        floor = _floor(gates.scores.dtype)
+        real = None if chunk.mask is None else chunk.mask.to(gates.scores.dtype).unsqueeze(-2)
+        keys, values = chunk.keys.unsqueeze(-2), chunk.values.unsqueeze(-1)
+        weights, normalisers = [], []
+        for table in gates.transition_weights:
+            weight = table_gather(table, values, keys)  # (c, N, N)
+            weight = weight if real is None else weight * real
+            normaliser = weight.sum(-1)  # R[c, i]
+            self.ok &= ((normaliser >= floor) | ~chunk.full_mask()).all(-1)
+            weights.append(weight)
+            normalisers.append(normaliser)
+        self.weights = weights
+        # As in the symbol route: 1 / R as exp(-log R), failing rows and padding rows get R = 1.
+        divide = chunk.full_mask() & self.ok.unsqueeze(-1)
+        self.inverse_normalisers = [torch.where(divide, r, torch.ones_like(r)).log().neg().exp() for r in normalisers]
+
+    def matrix(self, hop: int) -> torch.Tensor:
+        """``(c, N, N)`` transition probabilities of hop ``hop + 2`` (0-based ``hop``)."""
+        if self.inverse_normalisers is None:
+            return self.weights[hop]
+        return self.weights[hop] * self.inverse_normalisers[hop].unsqueeze(-1)
 
     def forward(self, hop: int, alpha: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(alpha.unsqueeze(-2), self.matrices[hop]).squeeze(-2)
+        if self.inverse_normalisers is not None:
+            alpha = alpha * self.inverse_normalisers[hop]
+        return torch.bmm(alpha.unsqueeze(-2), self.weights[hop]).squeeze(-2)
 
     def backward(self, hop: int, beta: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(self.matrices[hop], beta.unsqueeze(-1)).squeeze(-1)
+        beta = torch.bmm(self.weights[hop], beta.unsqueeze(-1)).squeeze(-1)
+        return beta if self.inverse_normalisers is None else beta * self.inverse_normalisers[hop]
 
 
 class _Chunk(NamedTuple):
@@ -264,13 +320,19 @@ class _Chunk(NamedTuple):
     chain: Optional[HopChain]  # dense log factors (positions route), else built on demand for failing rows
 
 
+def _first_hop(gates: HopGates, chunk: Observations) -> torch.Tensor:
+    """``(c, N)`` ``p(z_1 = i)`` from the score table of hop 1."""
+    logits = table_gather(gates.scores[0], chunk.query.unsqueeze(-1), chunk.keys)
+    return masked_log_softmax(logits, chunk.mask).exp()
+
+
 def _prepare(gates: HopGates, chunk: Observations, route: str) -> _Chunk:
     if route == "symbols":
-        logits = table_gather(gates.scores[0], chunk.query.unsqueeze(-1), chunk.keys)
-        init = masked_log_softmax(logits, chunk.mask).exp()
-        return _Chunk(chunk, init, _SymbolTransitions(gates.scores, chunk), None)
+        return _Chunk(chunk, _first_hop(gates, chunk), _SymbolTransitions(gates, chunk), None)
+    if gates.scores is not None:
+        return _Chunk(chunk, _first_hop(gates, chunk), _PositionTransitions(gates, chunk, None), None)
     chain = gates.dense_chain(chunk)
-    return _Chunk(chunk, chain.init.exp(), _PositionTransitions(chain), chain)
+    return _Chunk(chunk, chain.init.exp(), _PositionTransitions(gates, chunk, chain), chain)
 
 
 def _forward(prepared: _Chunk, L: int) -> list:
@@ -403,7 +465,9 @@ def _select_transitions(transitions, rows: torch.Tensor):
     """The operator restricted to ``rows`` (for the statistics of the rows kept in probability space)."""
     if isinstance(transitions, _PositionTransitions):
         selected = object.__new__(_PositionTransitions)
-        selected.matrices = transitions.matrices[:, rows]
+        selected.weights = [w[rows] for w in transitions.weights]
+        selected.inverse_normalisers = (None if transitions.inverse_normalisers is None
+                                        else [r[rows] for r in transitions.inverse_normalisers])
         selected.ok = transitions.ok[rows]
         return selected
     selected = object.__new__(_SymbolTransitions)
@@ -418,7 +482,7 @@ def _select_transitions(transitions, rows: torch.Tensor):
 def _pairwise(transitions, hop: int, alpha: torch.Tensor, beta: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     """``(c, N, N)``: ``p(z_{hop+1} = i, z_{hop+2} = j | obs) = alpha[i] P[i, j] beta[j] / total``."""
     if isinstance(transitions, _PositionTransitions):
-        matrix = transitions.matrices[hop]
+        matrix = transitions.matrix(hop)
     else:
         gate = transitions.gates[hop]
         matrix = gate[transitions.values.unsqueeze(-1), transitions.keys.unsqueeze(-2)]

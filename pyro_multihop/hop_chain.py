@@ -1,20 +1,30 @@
-"""Exact inference over the hop chain ``z_1 -> z_2 -> ... -> z_L`` (forward-backward, Viterbi, sampling).
+"""Exact inference over the hop chain of latents ``z_1..z_L``: forward-backward, Viterbi, k-best paths,
+posterior sampling, entropy.
 
 The hop latents of every model in this library form a time-inhomogeneous Markov chain over the ``N``
 context positions, with an emission only after the last hop. A model describes one batch of chains by
 a :class:`HopChain` of log factors; the functions here compute, in log space and in ``O(L N^2)`` per
-observation, everything a user or the EM reference needs. They are the fused counterpart of the
-enumerated Pyro models (``TraceEnum_ELBO`` computes the same sums by variable elimination).
+observation (``O(L N^2 k log k)`` for the k best paths), everything a user or the EM reference needs. They
+are the fused counterpart of the enumerated Pyro models (``TraceEnum_ELBO`` computes the same sums by
+variable elimination).
 
-Shapes: ``n`` observations, ``N`` positions, ``L`` hops.
+There is one forward recursion, :func:`_recurse`, and the query is the semiring step passed to it (as in
+torch-struct): the log semiring (``logsumexp``) gives the likelihood and, run over the transposed factors
+from the emission down, the backward messages; the k-max semiring gives the Viterbi path (``k = 1``) and the
+k best paths. Posterior sampling and the entropy share the reverse chain: given the target, ``z_l`` depends
+on ``z_{l+1}`` alone, through ``p(z_l = i | z_{l+1} = j) ∝ alpha_l(i) p(z_{l+1} = j | z_l = i)``.
+
+Factors are finite: a zero probability is :data:`MASKED_LOGIT` (as ``hop_chain`` builds them); the log
+emission may also hold ``-inf``. Shapes: ``n`` observations, ``N`` positions, ``L`` hops.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, Iterable, NamedTuple, Optional, Tuple
 
 import torch
 
+from .checks import check_positive_int
 from .gates import log_normalize
 
 __all__ = [
@@ -27,11 +37,17 @@ __all__ = [
     "chain_posterior",
     "chain_map_paths",
     "chain_sample_paths",
+    "chain_sample_posterior",
+    "chain_entropy",
+    "chain_k_best",
 ]
 
 # Logit given to padding positions: exp() of it is exactly 0 in float32 and float64, yet sums of a few
 # of them stay finite, so no inf - inf = NaN appears in the log-space recursions or their gradients.
 MASKED_LOGIT = -1e30
+# A path score at or below this went through a padding factor (or a -inf emission): probability zero.
+# Scores of real paths are sums of L + 1 log-probabilities, never anywhere near -5e29.
+_IMPOSSIBLE_SCORE = MASKED_LOGIT / 2
 
 
 def masked_log_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -75,14 +91,80 @@ class HopPosterior(NamedTuple):
     map_paths: torch.Tensor
 
 
+# -- the one forward recursion; the query is the semiring step ----------------------------------------------
+Step = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+def _recurse(first: torch.Tensor, transitions: Iterable[torch.Tensor], step: Step):
+    """``message_{l+1} = step(message_l, trans_l)``: returns the messages ``[first, ...]`` and what each step
+    kept for decoding (backpointers, or None)."""
+    messages, pointers = [first], []
+    for trans in transitions:
+        message, pointer = step(messages[-1], trans)
+        messages.append(message)
+        pointers.append(pointer)
+    return messages, pointers
+
+
+def _log_step(message: torch.Tensor, trans: torch.Tensor):
+    """Log semiring: ``out[n, j] = logsumexp_i message[n, i] + trans[n, i, j]``; message ``(n, N)``."""
+    return torch.logsumexp(message.unsqueeze(-1) + trans, dim=-2), None
+
+
+def _top(scores: torch.Tensor, k: int, dim: int):
+    """The ``min(k, size)`` largest entries along ``dim`` and their indices, best first (``k = 1``: ties to
+    the lowest index)."""
+    if k == 1:
+        return scores.max(dim=dim, keepdim=True)
+    return scores.topk(min(k, scores.shape[dim]), dim=dim)
+
+
+def _kmax_step(k: int) -> Step:
+    """k-max semiring: the message ``(n, r, N)`` holds, per position, the scores of the ``r <= k`` best paths
+    ending there, best first. The pointer ``(n, r', N)`` is the flat index ``rank * N + i`` of each kept
+    path's predecessor in the previous message."""
+
+    def step(message, trans):
+        scores = message.unsqueeze(-1) + trans.unsqueeze(-3)  # (n, r, N_from, N_to)
+        return _top(scores.flatten(-3, -2), k, dim=-2)
+
+    return step
+
+
 def _forward(chain: HopChain) -> list:
     """Log forward messages ``alpha_l[n, i] = log p(z_l = i)`` (prior, no emission), l = 1..L."""
-    alphas = [chain.init]
-    for trans in chain.trans:
-        alphas.append(torch.logsumexp(alphas[-1].unsqueeze(-1) + trans, dim=-2))
-    return alphas
+    return _recurse(chain.init, chain.trans, _log_step)[0]
 
 
+def _backward(chain: HopChain, log_emission: torch.Tensor) -> list:
+    """Log backward messages ``beta_l[n, i] = log p(target | z_l = i)``, l = 1..L: the same recursion over the
+    transposed factors, from the emission down."""
+    betas, _ = _recurse(log_emission, [trans.transpose(-1, -2) for trans in reversed(chain.trans)], _log_step)
+    return betas[::-1]
+
+
+def _k_best(chain: HopChain, log_emission: torch.Tensor, k: int):
+    """The ``min(k, N^L)`` best joint scores ``(n, k')`` and their paths ``(n, k', L)``, best first."""
+    N = chain.init.shape[-1]
+    messages, pointers = _recurse(chain.init.unsqueeze(-2), chain.trans, _kmax_step(k))
+    final = (messages[-1] + log_emission.unsqueeze(-2)).flatten(-2)  # (n, r * N)
+    scores, flat = _top(final, k, dim=-1)
+    # Follow the backpointers as flat indices ``rank * N + position`` into each hop's message.
+    path = [flat]
+    for pointer in reversed(pointers):
+        path.insert(0, pointer.flatten(-2).gather(-1, path[0]))
+    return scores, torch.stack(path, dim=-1) % N
+
+
+def _check_log_emission(chain: HopChain, log_emission: torch.Tensor) -> None:
+    if log_emission.shape != chain.init.shape:
+        raise ValueError(
+            f"log_emission must have the shape (n, N) = {tuple(chain.init.shape)} of chain.init, "
+            f"got {tuple(log_emission.shape)}"
+        )
+
+
+# -- likelihood, marginals, Viterbi ----------------------------------------------------------------------------
 def chain_log_likelihood(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
     """``log sum_{z_1..z_L} p(z_1) prod_l p(z_{l+1} | z_l) p(target | z_L)``.
 
@@ -101,9 +183,7 @@ def last_hop_prior(chain: HopChain) -> torch.Tensor:
 def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior:
     """Forward-backward: log-likelihood, per-hop and pairwise posterior marginals, and the MAP path."""
     alphas = _forward(chain)
-    betas = [log_emission]
-    for trans in reversed(chain.trans):
-        betas.insert(0, torch.logsumexp(trans + betas[0].unsqueeze(-2), dim=-1))
+    betas = _backward(chain, log_emission)
     log_likelihood = torch.logsumexp(alphas[-1] + log_emission, dim=-1)
     normaliser = log_likelihood.unsqueeze(-1)
     hop_marginals = torch.stack([(a + b - normaliser).exp() for a, b in zip(alphas, betas)])
@@ -117,18 +197,125 @@ def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior
 
 
 def chain_map_paths(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
-    """Viterbi: ``(n, L)`` LongTensor, ``argmax_{z} p(z_1..z_L, target)`` (ties to the lowest index)."""
+    """Viterbi: ``(n, L)`` LongTensor, ``argmax_{z} p(z_1..z_L, target)`` (ties to the lowest index).
+
+    The k-max recursion with ``k = 1``, i.e. the max semiring."""
     with torch.no_grad():
-        score = chain.init
-        backpointers = []
-        for trans in chain.trans:
-            score, best_previous = (score.unsqueeze(-1) + trans).max(dim=-2)
-            backpointers.append(best_previous)
-        last = (score + log_emission).argmax(-1)
-        path = [last]
-        for best_previous in reversed(backpointers):
-            path.insert(0, best_previous.gather(-1, path[0].unsqueeze(-1)).squeeze(-1))
-        return torch.stack(path, dim=-1)
+        return _k_best(chain, log_emission, 1)[1].squeeze(-2)
+
+
+# -- posterior path queries ------------------------------------------------------------------------------------
+def chain_k_best(chain: HopChain, log_emission: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most probable hop paths given the target, best first (k-best Viterbi, the k-max semiring).
+
+    Each position keeps the ``k`` best partial paths ending there with backpointers, so the cost is
+    ``O(L N^2 k log k)`` per observation and the paths returned are distinct.
+
+    :param log_emission: ``(n, N)``, as in :func:`chain_log_likelihood`.
+    :param int k: how many paths, at least 1.
+    :returns: ``paths (n, k, L)`` LongTensor and ``log_probs (n, k)``, ``log p(path | observation)``
+        (joint minus log-likelihood), non-increasing along ``k``. Rows beyond the paths of nonzero
+        probability (``k > N^L``, or paths through padding or a zero emission) have ``log_prob = -inf``
+        and path ``0`` at every hop. Ties between equally probable paths come in no guaranteed order.
+    """
+    check_positive_int("k", k)
+    _check_log_emission(chain, log_emission)
+    with torch.no_grad():
+        scores, paths = _k_best(chain, log_emission, k)
+        log_likelihood = chain_log_likelihood(chain, log_emission)
+        impossible = scores <= _IMPOSSIBLE_SCORE
+        log_probs = (scores - log_likelihood.unsqueeze(-1)).masked_fill(impossible, float("-inf"))
+        paths = paths.masked_fill(impossible.unsqueeze(-1), 0)
+        missing = k - scores.shape[-1]  # only when N^L < k
+        if missing > 0:
+            n, hops = paths.shape[0], paths.shape[-1]
+            log_probs = torch.cat([log_probs, log_probs.new_full((n, missing), float("-inf"))], dim=-1)
+            paths = torch.cat([paths, paths.new_zeros(n, missing, hops)], dim=-2)
+        return paths, log_probs
+
+
+def chain_sample_posterior(
+    chain: HopChain,
+    log_emission: torch.Tensor,
+    num_samples: int,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Hop paths drawn from the posterior given the target, by forward filtering, backward sampling::
+
+        z_L ~ p(z_L | target)        ∝ alpha_L(z_L) p(target | z_L)
+        z_l ~ p(z_l | z_{l+1})       ∝ alpha_l(z_l) p(z_{l+1} | z_l),     l = L-1 .. 1
+
+    with the log forward messages ``alpha_l(i) = log p(z_l = i)``. Positions of zero probability (padding)
+    are never drawn.
+
+    :param log_emission: ``(n, N)``, as in :func:`chain_log_likelihood`.
+    :param int num_samples: draws per observation, at least 1.
+    :param generator: a ``torch.Generator`` on the chain's device, or None for torch's global one.
+    :returns: ``(num_samples, n, L)`` LongTensor on the chain's device.
+    """
+    check_positive_int("num_samples", num_samples)
+    _check_log_emission(chain, log_emission)
+    with torch.no_grad():
+        alphas = _forward(chain)
+        n, N = chain.init.shape
+        # z_L: num_samples draws per observation from one (n, N) distribution.
+        position = _inverse_cdf(alphas[-1] + log_emission, num_samples, generator)  # (n, s)
+        path = [position]
+        for alpha, trans in zip(reversed(alphas[:-1]), reversed(chain.trans)):
+            # Column z_{l+1} of each observation's transition, one per draw: (n, s, N_from).
+            columns = trans.transpose(-1, -2).gather(-2, position.unsqueeze(-1).expand(n, num_samples, N))
+            position = _inverse_cdf(alpha.unsqueeze(-2) + columns, 1, generator).squeeze(-1)
+            path.insert(0, position)
+        return torch.stack(path, dim=-1).permute(1, 0, 2).contiguous()
+
+
+def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``,
+    by inverse CDF (several times faster than ``torch.multinomial`` on many short rows).
+
+    ``u`` is uniform below the row total, and the first position whose cumulative weight exceeds ``u``
+    has a positive weight, so a position of probability zero is never drawn.
+    """
+    weights = (logits - logits.amax(-1, keepdim=True)).exp()
+    cdf = weights.cumsum(-1)
+    total = cdf[..., -1:]
+    uniform = torch.rand(cdf.shape[:-1] + (num_draws,), generator=generator, dtype=cdf.dtype, device=cdf.device)
+    # rand < 1 keeps rand * total below the total under round-to-nearest; the bound guards it anyway.
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    u = torch.minimum(uniform * total, below_total)
+    return torch.searchsorted(cdf, u, right=True)
+
+
+def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
+    """Exact entropy, in nats, of the posterior over hop paths given the target.
+
+    By the chain rule on the reverse chain that :func:`chain_sample_posterior` walks::
+
+        H(z_1..z_L | target) = H(z_L | target) + sum_{l<L} E_{z_{l+1} | target} H(z_l | z_{l+1})
+
+    Every term is a sum of ``-p log p >= 0`` over a normalised conditional, so nothing cancels: it stays
+    exact as the posterior sharpens (small ``sigma2``), and zero-probability positions contribute 0.
+
+    :param log_emission: ``(n, N)``, as in :func:`chain_log_likelihood`.
+    :returns: ``(n,)``, in ``[0, L log N]``; NaN only for a row whose target has probability zero.
+    """
+    _check_log_emission(chain, log_emission)
+    with torch.no_grad():
+        alphas = _forward(chain)
+        log_posterior = log_normalize(alphas[-1] + log_emission)  # log p(z_L | target), (n, N)
+        posterior = log_posterior.exp()
+        # The emission may hold -inf: take 0 log 0 = 0 explicitly.
+        entropy = -torch.where(posterior > 0, posterior * log_posterior, torch.zeros_like(posterior)).sum(-1)
+        for alpha, trans, alpha_next in zip(reversed(alphas[:-1]), reversed(chain.trans), reversed(alphas[1:])):
+            # log p(z_l = i | z_{l+1} = j) = alpha_l(i) + trans(i, j) - alpha_{l+1}(j), (n, N_i, N_j). The
+            # factors are finite, so it is too (0 log 0 never appears); in a column j of probability 0
+            # (padding) it is meaningless but <= 0, and weighted by p(z_{l+1} = j | target) = 0.
+            log_conditional = (alpha.unsqueeze(-1) + trans - alpha_next.unsqueeze(-2)).clamp_(max=0)
+            conditional = log_conditional.exp()
+            column_entropy = -(conditional * log_conditional).sum(-2)  # H(z_l | z_{l+1} = j), (n, N_j)
+            entropy += (column_entropy * posterior).sum(-1)
+            posterior = torch.matmul(conditional, posterior.unsqueeze(-1)).squeeze(-1)  # p(z_l | target)
+        return entropy
 
 
 def chain_sample_paths(chain: HopChain, generator: Optional[torch.Generator] = None) -> torch.Tensor:

@@ -109,6 +109,99 @@ def log_likelihood_autograd(query_vectors, key_vectors, value_vectors, sigma2, e
     return torch.stack(results)
 
 
+# -- the posterior over hop paths: exact distribution, entropy, sorted paths, goodness of fit -----------------
+# A "log-joint table" is a dict ``path tuple -> log p(path, target)`` (``-inf``, or a padding score near
+# -1e30 and below, for paths of probability zero) of one observation.
+
+ZERO_PROBABILITY_SCORE = -5e29
+
+
+def chain_log_joints(init, trans, log_emission, row):
+    """Log-joint table of observation ``row`` of a hop chain, every one of the ``N^L`` paths, from its factors.
+
+    :param init: ``(n, N)``; :param trans: ``(L - 1, n, N, N)``; :param log_emission: ``(n, N)``.
+    """
+    N = init.shape[-1]
+    hops = 1 + trans.shape[0]
+    table = {}
+    for path in itertools.product(range(N), repeat=hops):
+        terms = [float(init[row, path[0]]), float(log_emission[row, path[-1]])]
+        terms += [float(trans[hop, row, path[hop], path[hop + 1]]) for hop in range(hops - 1)]
+        table[path] = sum(terms)
+    return table
+
+
+def log_joints_of(table):
+    """Log-joint table of one observation's :func:`enumerate_paths` table (paths through padding are absent)."""
+    return {path: (math.log(joint) if joint > 0 else -math.inf) for path, (_, joint) in table.items()}
+
+
+def path_posterior(log_joints):
+    """``path -> p(path | target)``; zero-probability paths get exactly 0."""
+    live = {path: value for path, value in log_joints.items() if value > ZERO_PROBABILITY_SCORE}
+    top = max(live.values())
+    weights = {path: math.exp(value - top) for path, value in live.items()}
+    total = math.fsum(weights.values())
+    return {path: weights.get(path, 0.0) / total for path in log_joints}
+
+
+def path_entropy(log_joints):
+    """Entropy in nats of the posterior over paths, ``-sum p log p``."""
+    return -math.fsum(p * math.log(p) for p in path_posterior(log_joints).values() if p > 0)
+
+
+def sorted_paths(log_joints):
+    """``[(path, log p(path | target)), ...]`` over the paths of nonzero probability, most probable first."""
+    posterior = path_posterior(log_joints)
+    live = [(path, math.log(p)) for path, p in posterior.items() if p > 0]
+    return sorted(live, key=lambda item: -item[1])
+
+
+def chi_square_test(counts, probabilities, min_expected=5.0):
+    """Pearson chi-square goodness of fit of drawn counts against exact cell probabilities, pooled over rows.
+
+    :param counts: list over observations of dicts ``cell -> number of draws``.
+    :param probabilities: list over observations of dicts ``cell -> exact probability`` (each sums to 1).
+    :returns: ``(statistic, degrees of freedom, p-value)``. Within a row, cells expected fewer than
+        ``min_expected`` times are pooled into one; a draw in a cell of probability 0 gives p-value 0.
+    The p-value is the chi-square survival function ``Q(dof / 2, statistic / 2)`` (regularised upper
+    incomplete gamma function, ``torch.special.gammaincc``).
+    """
+    statistic, dof = 0.0, 0
+    for row_counts, row_probs in zip(counts, probabilities):
+        draws = sum(row_counts.values())
+        if any(row_counts.get(cell, 0) > 0 for cell, p in row_probs.items() if p == 0):
+            return math.inf, 0, 0.0
+        if set(row_counts) - set(row_probs):
+            return math.inf, 0, 0.0
+        cells = sorted((p * draws, row_counts.get(cell, 0)) for cell, p in row_probs.items() if p > 0)
+        # Pool the rarest cells (ascending) until the pool is expected at least min_expected times.
+        pooled_expected, pooled_observed, index = 0.0, 0, 0
+        while index < len(cells) and (cells[index][0] < min_expected or 0 < pooled_expected < min_expected):
+            pooled_expected += cells[index][0]
+            pooled_observed += cells[index][1]
+            index += 1
+        pooled = cells[index:] + ([(pooled_expected, pooled_observed)] if pooled_expected > 0 else [])
+        statistic += sum((observed - expected) ** 2 / expected for expected, observed in pooled)
+        dof += len(pooled) - 1
+    if dof == 0:
+        return statistic, 0, 1.0
+    half = torch.tensor([dof / 2, statistic / 2], dtype=torch.float64)
+    p_value = float(torch.special.gammaincc(half[0], half[1]))
+    return statistic, dof, p_value
+
+
+def path_counts(paths):
+    """``paths (num_samples, n, L)`` -> list over observations of dicts ``path tuple -> count``."""
+    counts = []
+    for row in range(paths.shape[1]):
+        row_counts = {}
+        for path in map(tuple, paths[:, row].tolist()):
+            row_counts[path] = row_counts.get(path, 0) + 1
+        counts.append(row_counts)
+    return counts
+
+
 def random_observations(n, num_symbols, num_targets, context, seed=1, masked=False):
     """Uniformly random observations (seeded); with ``masked``, about 30% padding, position 0 always real."""
     from pyro_multihop import Observations

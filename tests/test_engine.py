@@ -161,7 +161,7 @@ def test_a_bad_budget_is_refused_by_name(budget, error):
 
 def test_the_symbol_route_needs_score_tables():
     head, obs = make_head("chained", 2), random_obs()
-    gates = head.hop_gates()._replace(scores=None)
+    gates = head.hop_gates().replace(scores=None)
     assert engine.choose_route(gates, N) == "positions"
     with pytest.raises(ValueError, match="symbols"):
         next(engine.forward_backward_chunks(gates, obs, route="symbols"))
@@ -252,3 +252,66 @@ def test_fit_svi_collapsed_needs_a_bool():
     head = make_head("chained", 2)
     with pytest.raises(TypeError, match="collapsed"):
         fit_svi(head, random_obs(), num_steps=1, progress=False, collapsed="yes")
+
+
+# -- the path queries of a head, chunked through the engine ------------------------------------------------------
+def exact_path_posterior(head, obs):
+    """Per row: ``path -> p(path | observation)`` by brute force."""
+    posteriors = []
+    for joints in brute_force(head, obs)["joints"]:
+        total = sum(joints.values())
+        posteriors.append({path: joint / total for path, joint in joints.items()})
+    return posteriors
+
+
+@HEADS
+@HOPS
+def test_path_entropy_and_k_best_paths_match_brute_force(kind, hops):
+    head, obs = make_head(kind, hops, seed=80), random_obs(n=6, seed=81, masked=True)
+    posteriors = exact_path_posterior(head, obs)
+    entropy = torch.tensor([-sum(p * math.log(p) for p in post.values() if p > 0) for post in posteriors],
+                           dtype=torch.float64)
+    assert torch.allclose(head.path_entropy(obs, budget=1), entropy, atol=1e-12)
+    k = 5
+    paths, log_probs = head.k_best_paths(obs, k, budget=1)
+    assert paths.shape == (len(obs), k, hops) and log_probs.shape == (len(obs), k)
+    for row, post in enumerate(posteriors):
+        best = sorted((p for p in post.values() if p > 0), reverse=True)[:k]
+        got = log_probs[row][torch.isfinite(log_probs[row])]
+        assert torch.allclose(got.exp(), torch.tensor(best, dtype=torch.float64), rtol=1e-10)
+        assert (log_probs[row, len(best):] == -math.inf).all()  # fewer than k paths with mass in this row
+        for path, log_prob in zip(paths[row, : len(best)].tolist(), got.tolist()):
+            assert post[tuple(path)] == pytest.approx(math.exp(log_prob), rel=1e-10)
+
+
+@HEADS
+def test_sample_paths_follow_the_exact_path_posterior(kind):
+    head, obs = make_head(kind, 2, seed=82), random_obs(n=3, seed=83, context=3)
+    draws = head.sample_paths(obs, 20000, seed=0, budget=1)
+    assert draws.shape == (20000, len(obs), 2)
+    assert torch.equal(draws, head.sample_paths(obs, 20000, seed=0, budget=1))  # seeded: reproducible
+    for row, post in enumerate(exact_path_posterior(head, obs)):
+        for path, p in post.items():
+            frequency = float((draws[:, row] == torch.tensor(path)).all(-1).double().mean())
+            assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
+
+
+@pytest.mark.parametrize("query, args, name", [("k_best_paths", (0,), "k"), ("sample_paths", (0,), "num_samples"),
+                                                ("k_best_paths", (1.5,), "k")])
+def test_path_queries_refuse_bad_counts_by_name(query, args, name):
+    head, obs = make_head("chained", 2), random_obs()
+    with pytest.raises(ValueError, match=name):
+        getattr(head, query)(obs, *args)
+
+
+@HOPS
+def test_a_gate_without_score_tables_runs_on_its_dense_factors(hops):
+    """A head whose gate has position terms hands the engine only its dense log factors: same answers."""
+    head, obs = make_head("chained", hops, seed=90), random_obs(n=12, seed=91, masked=True)
+    with_tables = head.hop_gates()
+    without = with_tables.replace(scores=None)
+    assert torch.allclose(engine.log_likelihood(without, obs), engine.log_likelihood(with_tables, obs), rtol=1e-12)
+    assert torch.allclose(engine.hop_marginals(without, obs), engine.hop_marginals(with_tables, obs), atol=1e-13)
+    assert torch.allclose(engine.predict_proba(without, obs), engine.predict_proba(with_tables, obs), atol=1e-13)
+    assert torch.allclose(engine.pairwise_marginals(without, obs), brute_force(head, obs)["pairwise_marginals"],
+                          atol=1e-13)

@@ -139,8 +139,9 @@ class TiedEmbeddingVEM:
     def fit(self, obs: Observations, max_iters: Optional[int] = None) -> "TiedEmbeddingVEM":
         """Run variational EM on ``obs`` from a fresh initialisation; returns ``self``.
 
-        :param max_iters: overrides the constructor's ``max_iters`` for this call.
         Warns :class:`ConvergenceWarning` if it stops at ``max_iters`` before meeting ``tol``.
+
+        :param max_iters: overrides the constructor's ``max_iters`` for this call.
         """
         schedule = self._check_settings()
         self._check_observations(obs)

@@ -106,9 +106,11 @@ class HopAttentionHead(PyroModule):
     def gate_logits(self, hop: int, keys: torch.Tensor, query: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         """Unnormalised log attention at hop ``hop`` (0-based) with the plug-in parameters.
 
-        :param keys: ``(*batch, N)`` key symbols. :param query: ``(*batch)`` query symbols.
-        :param mask: ``(*batch, N)`` bool or None (padding gets zero attention).
         Batch dims broadcast: keys ``(n, N)`` with an enumerated query ``(E, n)`` give ``(E, n, N)``.
+
+        :param keys: ``(*batch, N)`` key symbols.
+        :param query: ``(*batch)`` query symbols.
+        :param mask: ``(*batch, N)`` bool or None (padding gets zero attention).
         :returns: ``(*batch, N)``.
         """
         raise NotImplementedError  # pragma: no cover - abstract

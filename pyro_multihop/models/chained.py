@@ -166,8 +166,8 @@ class ChainedAttention(HopAttentionHead):
         """``(L, S, S)``: ``scores[l, q, k] = (2 K_l[k, q] - ||K_l[k]||^2) / 2 sigma2``, the gate logit of query
         symbol ``q`` meeting key symbol ``k`` at hop ``l + 1`` (:func:`onehot_gate_logits` up to a constant)."""
         key_tables = self.key_tables
-        scores = (2.0 * key_tables - key_tables.pow(2).sum(-1, keepdim=True)) / (2.0 * self.sigma2)
-        return scores.transpose(-1, -2)
+        # Formed in (query, key) order directly: the engine gathers from a contiguous table.
+        return (key_tables.transpose(-1, -2) - (0.5 * key_tables.pow(2).sum(-1)).unsqueeze(-2)) / self.sigma2
 
     @pyro_method
     @config_enumerate
