@@ -90,8 +90,8 @@ MEMORY = {"n": 200_000, "N": 100, "S": 50}
 SMOKE_MEMORY = {"n": 300, "N": 8, "S": 6}
 #: Queries that take a max or a sample over paths: always dense chunks in log space, whatever choose_route says.
 LOG_SPACE_QUERIES = ("map_paths", "sample_paths", "path_entropy", "k_best_paths")
-QUERIES = ("log_likelihood", "predict_proba", "hop_marginals", "map_paths", "e_step", "sample_paths",
-           "path_entropy", "k_best_paths", "value_marginals")
+QUERIES = ("log_likelihood", "predict_proba", "hop_marginals", "value_marginals", "e_step", "map_paths",
+           "sample_paths", "path_entropy", "k_best_paths")
 SCALING = (
     [("n", 10_000, 100, 50), ("n", 100_000, 100, 50), ("n", 1_000_000, 100, 50)]
     + [("N", 10_000, N, 50) for N in (10, 30, 100, 300, 1000)]
@@ -543,6 +543,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, every section in this process (seconds)")
     parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=SECTIONS)
     parser.add_argument("--repeats", type=int, default=9, help="timed rounds per speed point")
+    parser.add_argument("--queries", nargs="*", default=list(QUERIES), choices=QUERIES, help="memory section only")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -574,9 +575,9 @@ def main(argv=None) -> int:
         sizes = SMOKE_MEMORY if smoke else MEMORY
         rows = []
         if smoke:
-            rows = measure_queries(QUERIES, sizes["n"], sizes["N"], sizes["S"])
+            rows = measure_queries(args.queries, sizes["n"], sizes["N"], sizes["S"])
         else:
-            for query in QUERIES:
+            for query in args.queries:
                 rows += _in_subprocess("measure_queries", [query], sizes["n"], sizes["N"], sizes["S"])
                 print(rows[-1], flush=True)
         print(f"wrote {write_section(args.out, 'memory', rows, memory_table(rows), load)}", flush=True)
