@@ -492,7 +492,8 @@ def scaling_slopes(rows: list) -> dict:
     slopes = {}
     for axis in ("n", "N", "S"):
         for query in ("log_likelihood", "e_step"):
-            points = [(r[axis], r["seconds"]) for r in rows if r["axis"] == axis and r["query"] == query and r["status"] == "ok"]
+            points = [(r[axis], r["seconds"]) for r in rows
+                      if r["axis"] == axis and r["query"] == query and r["status"] == "ok" and r["route"] == "symbols"]
             if len(points) >= 2:
                 slopes[f"{query}_{axis}"] = _slope(points)
     return slopes
@@ -510,7 +511,7 @@ def scaling_table(rows: list) -> list:
         )
     slopes = scaling_slopes(rows)
     if slopes:
-        lines += ["", "Log-log slopes of the time (1 = linear):", ""]
+        lines += ["", "Log-log slopes of the time (1 = linear; least squares over the symbol-route rows of each axis):", ""]
         lines += [f"- `{key.rsplit('_', 1)[0]}` in `{key.rsplit('_', 1)[1]}`: {value:.2f}" for key, value in slopes.items()]
     return lines
 
