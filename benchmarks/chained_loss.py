@@ -7,7 +7,11 @@ batch and its gradient with respect to the parameters:
   the hop latents enumerated and eliminated by Pyro's tensor contraction (Pyro's defaults, validation on);
 - ``pyro-jit``: the same loss under ``JitTraceEnum_ELBO``, called exactly as ``fit_svi(jit=True)`` calls it
   (compiled before the timed runs), which removes most of Pyro's per-call Python cost;
-- ``fused``: ``-head.log_likelihood(obs).sum()``, the library's own log-space forward recursion.
+- ``fused``: ``-head.log_likelihood(obs).sum()``, the library's own forward recursion: since issue 11 it
+  runs through the exact engine (:mod:`pyro_multihop.engine`), in probability space on the route that
+  ``engine.choose_route`` picks (through symbol space, or on dense ``(n, N, N)`` transitions), with the
+  rows that would underflow recomputed in log space. The engine's own benchmark, with the collapsed
+  Pyro loss against this enumerated one on a grid of ``N`` and ``S``, is ``benchmarks/engine.py``.
 
 Timing: one subprocess per grid point runs the three implementations in rounds, each round in a rotated
 order, and reports the median of ``--repeats`` rounds. Running them side by side in one process means

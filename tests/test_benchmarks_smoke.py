@@ -41,8 +41,31 @@ def test_distributed_benchmark_smoke(tmp_path):
     )
     table = pd.read_csv(tmp_path / "distributed.csv")
     assert table[["method", "processes"]].values.tolist() == [
-        ["EM iteration", 1], ["EM iteration", 2], ["SVI step", 1], ["SVI step", 2]
+        ["EM iteration", 1], ["EM iteration", 2], ["SVI step", 1], ["SVI step", 2],
+        ["SVI step, collapsed", 1], ["SVI step, collapsed", 2],
     ]
-    assert table["rows_per_process"].tolist() == [400, 200, 400, 200]  # each process holds its shard only
+    assert table["rows_per_process"].tolist() == [400, 200, 400, 200, 400, 200]  # each process holds its shard only
     assert (table[["seconds", "peak_rss_mib_per_process"]] > 0).all().all()
     assert "All-reduce alone" in (tmp_path / "distributed.md").read_text()
+
+
+def test_engine_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engine.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    speed = pd.read_csv(tmp_path / "engine_speed.csv")
+    assert set(speed["route"]) == {"symbols", "positions"}
+    assert (speed[["log_likelihood_ms", "predict_proba_ms", "e_step_ms", "collapsed_ms", "enumerated_ms"]] > 0).all().all()
+    memory = pd.read_csv(tmp_path / "engine_memory.csv")
+    assert list(memory["query"]) == ["log_likelihood", "predict_proba", "hop_marginals", "value_marginals", "e_step",
+                                     "map_paths", "sample_paths", "path_entropy", "k_best_paths"]
+    measured = memory[memory["status"] == "ok"]
+    assert len(measured) == len(memory)
+    assert (measured["seconds"] > 0).all() and (measured["peak_mib"] >= measured["rss_after_load_mib"]).all()
+    scaling = pd.read_csv(tmp_path / "engine_scaling.csv")
+    assert set(scaling["axis"]) == {"n", "N", "S"} and set(scaling["query"]) == {"log_likelihood", "e_step"}
+    assert "Log-log slopes" in (tmp_path / "engine_scaling.md").read_text()
+    peer = (tmp_path / "engine_peer.md").read_text()
+    assert "torch-struct" in peer

@@ -1,0 +1,596 @@
+"""The exact hop-chain engine (``pyro_multihop.engine``): speed, a torch-struct peer, memory and scaling.
+
+Every measurement is float32, one thread, ``L = 3`` hops, random key tables
+(``ChainedAttention(3, S, S, sigma2=0.3, init="random", seed=0)``), ``T = S`` targets, and uniform random
+observations (keys, values, query and target drawn with ``torch.randint`` from one generator of seed 0,
+in chunks of rows written into preallocated tensors, so large data sets never exist twice).
+
+Sections (``--sections``, all by default), each writing ``engine_<section>.md`` and ``.csv`` into ``--out``:
+
+- ``speed`` (issue 11, item 5): at every point of the grid ``N`` in {10, 30, 100, 300} x ``S`` in
+  {10, 50, 1000}, ``head.log_likelihood(obs)`` (no grad) and ``head.predict_proba(obs)`` against
+  ``ChainedEM(...).e_step(head, obs)`` on the same ``n`` rows, and the collapsed loss + backward
+  (``Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs)``) against the enumerated one
+  (``TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)``) on
+  ``n_loss`` rows, both in ``pyro.get_param_store().scope()``. Side by side in one process, rotated
+  rounds, medians (``chained_loss.time_side_by_side``). ``n`` is chosen per point so that the slowest
+  call takes some 20-200 ms; the table says which ``n`` and which engine route (``choose_route``) the
+  point took, and, to check that choice, the time of the forward-backward over all chunks
+  (``engine.forward_backward_chunks``, the work of ``hop_marginals``) forced onto each route (median of
+  3). Checked: ``log_likelihood`` sums to the E-step's log-likelihood, the two losses agree.
+  Targets: ``log_likelihood`` and ``predict_proba`` within 1.5x of ``e_step``; the collapsed loss at
+  least 5x faster than the enumerated one at ``N >= 50`` and never slower.
+- ``peer``: torch-struct's ``LinearChainCRF`` (``pip install torch-struct``; a benchmark-only peer, not a
+  dependency) computing the partition and the edge marginals of the same chains, its
+  ``(n, L - 1, N, N)`` log potentials built from ``head.hop_chain(obs)`` with the first-hop distribution
+  folded into the first potential and the emission of the target into the last, against
+  ``head.posterior(obs)``, ``head.posterior(obs, pairwise=True)`` (torch-struct's marginals are pairwise)
+  and ``head.hop_marginals`` + ``head.log_likelihood``, at ``n = 2000``, ``N = 50``, ``S = 50``. Checked:
+  the partition equals ``log_likelihood`` and the summed edge marginals equal the hop marginals.
+- ``memory`` (item 2): ``n = 200 000``, ``N = 100``, ``S = 50``; each query in its own subprocess: the
+  peak resident set size minus the resident size after loading the data (and a warm-up on 10 rows, so
+  that lazily loaded code is already paid for) minus the size of the output, at the default memory
+  budget (``engine.get_memory_budget()``). The kernel's peak counter is reset after the load
+  (``/proc/self/clear_refs``, as ``em_vs_numpy.py`` does; ``ru_maxrss`` where it cannot be reset, which
+  only over-reports). Target: each at most 1024 MiB. Queries whose implementation is missing (they
+  raise ``AttributeError``/``ImportError``) are marked "not available".
+- ``scaling`` (item 6): time and peak memory (measured as in ``memory``) of ``log_likelihood`` and
+  ``e_step`` for ``n`` in {1e4, 1e5, 1e6} at ``N = 100``, ``S = 50``; for ``N`` in {10, 30, 100, 300,
+  1000} at ``n = 10 000``, ``S = 50``; and for ``S`` in {10, 50, 200, 400} at ``N = 100``,
+  ``n = 10 000`` (all on the symbol route). One subprocess per data set; the two queries run one after
+  the other in it, the peak counter reset between them. The table ends with log-log slopes of the time
+  in ``n``, ``N`` and ``S``.
+
+Usage::
+
+    python benchmarks/engine.py --out benchmarks/results                      # every section
+    python benchmarks/engine.py --out benchmarks/results --sections speed peer
+    python benchmarks/engine.py --out /tmp/bench --smoke                      # tiny sizes, in-process
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from chained_loss import time_side_by_side  # benchmarks/, beside this file
+from em_vs_numpy import _reset_peak_rss, _status_kib, _trim_heap
+
+HOPS = 3
+SIGMA2 = 0.3
+SEED = 0
+SECTIONS = ("speed", "peer", "memory", "scaling")
+
+# (N, S, n for the plug-in queries and the E-step, n for the two losses)
+SPEED_GRID = [
+    (10, 10, 10000, 1000),
+    (10, 50, 2000, 1000),
+    (10, 1000, 150, 200),
+    (30, 10, 10000, 500),
+    (30, 50, 4000, 500),
+    (30, 1000, 60, 200),
+    (100, 10, 4000, 100),
+    (100, 50, 4000, 100),
+    (100, 1000, 10, 50),
+    (300, 10, 2000, 20),
+    (300, 50, 2000, 20),
+    (300, 1000, 150, 20),
+]
+SMOKE_SPEED_GRID = [(6, 8, 60, 30), (4, 30, 40, 20)]
+PEER = {"n": 2000, "N": 50, "S": 50}
+SMOKE_PEER = {"n": 30, "N": 6, "S": 8}
+MEMORY = {"n": 200_000, "N": 100, "S": 50}
+SMOKE_MEMORY = {"n": 300, "N": 8, "S": 6}
+#: Queries that take a max or a sample over paths: always dense chunks in log space, whatever choose_route says.
+LOG_SPACE_QUERIES = ("map_paths", "sample_paths", "path_entropy", "k_best_paths")
+QUERIES = ("log_likelihood", "predict_proba", "hop_marginals", "value_marginals", "e_step", "map_paths",
+           "sample_paths", "path_entropy", "k_best_paths")
+SCALING = (
+    [("n", 10_000, 100, 50), ("n", 100_000, 100, 50), ("n", 1_000_000, 100, 50)]
+    + [("N", 10_000, N, 50) for N in (10, 30, 100, 300, 1000)]
+    + [("S", 10_000, 100, S) for S in (10, 50, 200, 400)]
+)
+SMOKE_SCALING = [("n", 100, 8, 6), ("n", 400, 8, 6), ("N", 100, 4, 6), ("N", 100, 16, 6), ("S", 100, 8, 4),
+                 ("S", 100, 8, 12)]
+TARGETS = {"plug_in_ratio": 1.5, "collapsed_speedup": 5.0, "collapsed_speedup_from_N": 50, "memory_mib": 1024}
+AGREEMENT = 1e-4  # relative, float32 sums over many rows
+
+
+# -- data and models --------------------------------------------------------------------------------------------
+def random_observations(n: int, context: int, symbols: int, seed: int = SEED, chunk: int = 100_000):
+    """``n`` uniform random observations (keys, values ``(n, context)``, query, target ``(n,)`` over ``symbols``
+    symbols), drawn in chunks of rows from one seeded generator into preallocated tensors."""
+    import torch
+
+    from pyro_multihop import Observations
+
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.empty(n, context, dtype=torch.long)
+    values = torch.empty(n, context, dtype=torch.long)
+    query = torch.empty(n, dtype=torch.long)
+    target = torch.empty(n, dtype=torch.long)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        keys[start:stop] = torch.randint(symbols, (stop - start, context), generator=generator)
+        values[start:stop] = torch.randint(symbols, (stop - start, context), generator=generator)
+        query[start:stop] = torch.randint(symbols, (stop - start,), generator=generator)
+        target[start:stop] = torch.randint(symbols, (stop - start,), generator=generator)
+    return Observations(keys, values, query, target)
+
+
+def make_head(symbols: int):
+    from pyro_multihop import ChainedAttention
+
+    return ChainedAttention(HOPS, symbols, symbols, sigma2=SIGMA2, init="random", seed=SEED)
+
+
+def make_em(symbols: int):
+    from pyro_multihop.em import ChainedEM
+
+    return ChainedEM(HOPS, symbols, symbols, sigma2=SIGMA2)
+
+
+def _setup_torch():
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")  # Pyro's and torch's deprecation chatter in a benchmark's output
+    return torch
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+# -- speed ---------------------------------------------------------------------------------------------------------
+def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
+    """Median milliseconds of the plug-in queries against the E-step, and of the two losses, at one point."""
+    torch = _setup_torch()
+    import pyro
+    from pyro.infer import Trace_ELBO, TraceEnum_ELBO
+
+    from pyro_multihop import engine
+
+    head, em = make_head(S), make_em(S)
+    obs = random_observations(n, N, S)
+    route = engine.choose_route(head.hop_gates(), N)
+
+    def log_likelihood():
+        with torch.no_grad():
+            return head.log_likelihood(obs)
+
+    def predict_proba():
+        with torch.no_grad():
+            return head.predict_proba(obs)
+
+    def e_step():
+        return em.e_step(head, obs)
+
+    total = float(log_likelihood().double().sum())
+    em_total = e_step().loglik
+    if abs(total - em_total) > AGREEMENT * abs(em_total):
+        raise RuntimeError(f"log_likelihood and e_step disagree at N={N} S={S}: {total} vs {em_total}")
+    plug_in = time_side_by_side(
+        {"log_likelihood": log_likelihood, "predict_proba": predict_proba, "e_step": e_step}, repeats, warmup_rounds=1
+    )
+
+    gates = head.hop_gates()
+
+    def forward_backward(route):
+        def run():
+            for _ in engine.forward_backward_chunks(gates, obs, route=route):
+                pass
+
+        return run
+
+    routes = time_side_by_side({r: forward_backward(r) for r in ("symbols", "positions")}, 3, warmup_rounds=1)
+
+    loss_obs = obs[:n_loss] if n_loss <= n else random_observations(n_loss, N, S)
+    collapsed_elbo, enumerated_elbo = Trace_ELBO(), TraceEnum_ELBO(max_plate_nesting=1)
+    with pyro.get_param_store().scope():
+
+        def collapsed():
+            head.zero_grad(set_to_none=True)
+            loss = collapsed_elbo.differentiable_loss(head.collapsed_model, head.guide, loss_obs)
+            loss.backward()
+            return float(loss.detach())
+
+        def enumerated():
+            head.zero_grad(set_to_none=True)
+            loss = enumerated_elbo.differentiable_loss(head.model, head.guide, loss_obs)
+            loss.backward()
+            return float(loss.detach())
+
+        losses = collapsed(), enumerated()
+        if abs(losses[0] - losses[1]) > AGREEMENT * abs(losses[1]):
+            raise RuntimeError(f"collapsed and enumerated losses disagree at N={N} S={S}: {losses}")
+        loss_times = time_side_by_side({"collapsed": collapsed, "enumerated": enumerated}, repeats, warmup_rounds=1)
+    return {
+        "N": N,
+        "S": S,
+        "route": route,
+        "n": n,
+        "log_likelihood_ms": plug_in["log_likelihood"],
+        "predict_proba_ms": plug_in["predict_proba"],
+        "e_step_ms": plug_in["e_step"],
+        "log_likelihood_ratio": plug_in["log_likelihood"] / plug_in["e_step"],
+        "predict_proba_ratio": plug_in["predict_proba"] / plug_in["e_step"],
+        "symbols_fb_ms": routes["symbols"],
+        "positions_fb_ms": routes["positions"],
+        "n_loss": len(loss_obs),
+        "collapsed_ms": loss_times["collapsed"],
+        "enumerated_ms": loss_times["enumerated"],
+        "collapsed_speedup": loss_times["enumerated"] / loss_times["collapsed"],
+    }
+
+
+def speed_section(grid, repeats: int) -> list:
+    rows = []
+    for point in grid:
+        row = speed_point(*point, repeats)
+        rows.append(row)
+        print(
+            f"N={row['N']:4d} S={row['S']:5d} {row['route']:9s} n={row['n']:6d}  ll {row['log_likelihood_ms']:8.2f}"
+            f"  pp {row['predict_proba_ms']:8.2f}  e_step {row['e_step_ms']:8.2f} ms  ratios "
+            f"{row['log_likelihood_ratio']:.2f}/{row['predict_proba_ratio']:.2f} | n={row['n_loss']:5d} collapsed "
+            f"{row['collapsed_ms']:8.2f}  enumerated {row['enumerated_ms']:8.2f} ms  x{row['collapsed_speedup']:.1f}",
+            flush=True,
+        )
+    return rows
+
+
+def speed_table(rows: list) -> list:
+    lines = [
+        "| N | S | route | n | `log_likelihood` (ms) | `predict_proba` (ms) | `e_step` (ms) | ratios ll / pp "
+        "(target <= 1.5) | n (loss) | collapsed loss + backward (ms) | enumerated (ms) | speed-up (target >= 5 at N >= 50, >= 1) "
+        "| forward-backward on the symbol / position route (ms) |",
+        "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ratio_ok = max(r["log_likelihood_ratio"], r["predict_proba_ratio"]) <= TARGETS["plug_in_ratio"]
+        needed = TARGETS["collapsed_speedup"] if r["N"] >= TARGETS["collapsed_speedup_from_N"] else 1.0
+        lines.append(
+            f"| {r['N']} | {r['S']} | {r['route']} | {r['n']} | {r['log_likelihood_ms']:.2f} | "
+            f"{r['predict_proba_ms']:.2f} | {r['e_step_ms']:.2f} | {r['log_likelihood_ratio']:.2f} / "
+            f"{r['predict_proba_ratio']:.2f} {'ok' if ratio_ok else '**missed**'} | {r['n_loss']} | "
+            f"{r['collapsed_ms']:.2f} | {r['enumerated_ms']:.2f} | {r['collapsed_speedup']:.1f}x "
+            f"{'ok' if r['collapsed_speedup'] >= needed else '**missed**'} | {r['symbols_fb_ms']:.1f} / "
+            f"{r['positions_fb_ms']:.1f} |"
+        )
+    return lines
+
+
+# -- torch-struct peer ------------------------------------------------------------------------------------------
+def crf_log_potentials(chain, log_emission):
+    """torch-struct's ``(n, L - 1, N, N)`` log potentials ``phi[b, l, z_{l+1}, z_l]`` of the hop chain, the
+    first-hop distribution folded into the first and the target's emission into the last, so that the
+    partition is the log-likelihood."""
+    potentials = chain.trans.permute(1, 0, 3, 2).clone()  # trans[l, b, i, j] -> phi[b, l, j, i]
+    potentials[:, 0] += chain.init.unsqueeze(-2)
+    potentials[:, -1] += log_emission.unsqueeze(-1)
+    return potentials
+
+
+def peer_point(n: int, N: int, S: int, repeats: int) -> dict:
+    torch = _setup_torch()
+    try:
+        from torch_struct import LinearChainCRF
+    except ImportError as error:
+        return {"n": n, "N": N, "S": S, "torch_struct": f"not available ({error})"}
+    import torch_struct
+
+    head = make_head(S)
+    obs = random_observations(n, N, S)
+
+    def build_potentials():
+        with torch.no_grad():
+            return crf_log_potentials(head.hop_chain(obs), head.log_emission[obs.values, obs.target.unsqueeze(-1)])
+
+    potentials = build_potentials()
+
+    def torch_struct_crf():
+        crf = LinearChainCRF(potentials.clone().requires_grad_())
+        return crf.partition.detach(), crf.marginals.detach()
+
+    def posterior():
+        return head.posterior(obs)
+
+    def posterior_pairwise():
+        return head.posterior(obs, pairwise=True)
+
+    def marginals_and_likelihood():
+        with torch.no_grad():
+            return head.hop_marginals(obs), head.log_likelihood(obs)
+
+    partition, edge_marginals = torch_struct_crf()
+    marginals, log_likelihood = marginals_and_likelihood()
+    partition_error = float(((partition - log_likelihood).abs() / log_likelihood.abs()).max())
+    # edge_marginals[b, l, j, i] = p(z_{l+2} = j, z_{l+1} = i | observation) (0-based l)
+    hop_marginals_crf = torch.cat([edge_marginals.sum(-2), edge_marginals[:, -1:].sum(-1)], 1).transpose(0, 1)
+    marginal_error = float((hop_marginals_crf - marginals).abs().max())
+    if partition_error > AGREEMENT or marginal_error > AGREEMENT:
+        raise RuntimeError(f"torch-struct and the engine disagree: partition {partition_error}, marginals {marginal_error}")
+    times = time_side_by_side(
+        {
+            "torch_struct": torch_struct_crf,
+            "posterior": posterior,
+            "posterior_pairwise": posterior_pairwise,
+            "marginals_and_likelihood": marginals_and_likelihood,
+            "build_potentials": build_potentials,
+        },
+        repeats,
+        warmup_rounds=1,
+    )
+    return {
+        "n": n,
+        "N": N,
+        "S": S,
+        "torch_struct": torch_struct.__version__ if hasattr(torch_struct, "__version__") else "installed",
+        "torch_struct_ms": times["torch_struct"],
+        "potentials_ms": times["build_potentials"],
+        "posterior_ms": times["posterior"],
+        "posterior_pairwise_ms": times["posterior_pairwise"],
+        "marginals_and_likelihood_ms": times["marginals_and_likelihood"],
+        "partition_max_rel_error": partition_error,
+        "marginals_max_abs_error": marginal_error,
+    }
+
+
+def peer_table(row: dict) -> list:
+    if "torch_struct_ms" not in row:
+        return [f"torch-struct: {row['torch_struct']}"]
+    return [
+        "| n | N | torch-struct `LinearChainCRF` partition + marginals (ms) | building its potentials (ms) "
+        "| `posterior()` (ms) | `posterior(pairwise=True)` (ms) | `hop_marginals` + `log_likelihood` (ms) "
+        "| partition: max rel. difference | hop marginals: max abs. difference |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {row['n']} | {row['N']} | {row['torch_struct_ms']:.1f} | {row['potentials_ms']:.1f} | {row['posterior_ms']:.1f} | "
+        f"{row['posterior_pairwise_ms']:.1f} | {row['marginals_and_likelihood_ms']:.1f} | "
+        f"{row['partition_max_rel_error']:.1e} | {row['marginals_max_abs_error']:.1e} |",
+    ]
+
+
+# -- memory ----------------------------------------------------------------------------------------------------
+def _run_query(query: str, head, obs, em):
+    """Run ``query`` once; return its output (a tensor, a tuple of tensors, or the E-step's statistics)."""
+    import torch
+
+    with torch.no_grad():
+        if query == "e_step":
+            return em.e_step(head, obs)
+        if query == "sample_paths":
+            return head.sample_paths(obs, 1, seed=SEED)
+        if query == "k_best_paths":
+            return head.k_best_paths(obs, 3)
+        return getattr(head, query)(obs)
+
+
+def _output_bytes(output) -> int:
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output.numel() * output.element_size()
+    if isinstance(output, (tuple, list)):
+        return sum(_output_bytes(item) for item in output)
+    if hasattr(output, "__dict__"):  # SufficientStats and the like
+        return sum(_output_bytes(value) for value in vars(output).values())
+    return 0
+
+
+def measure_queries(queries, n: int, N: int, S: int) -> list:
+    """Time and peak memory of each query on one data set: after the load and a warm-up on 10 rows, the heap
+    is trimmed and the peak counter reset before each query. Time: the fastest of 3 runs under 1 s, of 2
+    under 10 s, else of one; the peak is over all of them."""
+    _setup_torch()
+    from pyro_multihop import engine
+
+    head, em = make_head(S), make_em(S)
+    missing = {}
+    for query in queries:  # a warm-up on 10 rows, before the data is loaded
+        try:
+            _run_query(query, head, random_observations(10, N, S), em)
+        except (AttributeError, ImportError, NotImplementedError) as error:
+            missing[query] = f"not available ({type(error).__name__}: {error})"
+    obs = random_observations(n, N, S) if len(missing) < len(queries) else None
+    rows = []
+    for query in queries:
+        if query in missing:
+            rows.append({"query": query, "n": n, "N": N, "S": S, "status": missing[query]})
+            continue
+        gc.collect()
+        _trim_heap()
+        reset = _reset_peak_rss()
+        rss_before = _status_kib("VmRSS")
+        if not reset:
+            import resource
+
+            peak_before_query = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        output = _run_query(query, head, obs, em)
+        seconds = time.perf_counter() - start
+        for _ in range(2 if seconds < 1.0 else 1 if seconds < 10.0 else 0):  # the fastest of up to 3 runs
+            del output
+            start = time.perf_counter()
+            output = _run_query(query, head, obs, em)
+            seconds = min(seconds, time.perf_counter() - start)
+        if reset:
+            peak = _status_kib("VmHWM")
+        else:
+            import resource
+
+            peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, peak_before_query)
+        output_mib = _output_bytes(output) / 2**20
+        rows.append({
+            "query": query,
+            "n": n,
+            "N": N,
+            "S": S,
+            "status": "ok",
+            "route": "positions, log space" if query in LOG_SPACE_QUERIES else engine.choose_route(head.hop_gates(), N),
+            "seconds": seconds,
+            "rss_after_load_mib": rss_before / 1024,
+            "peak_mib": peak / 1024,
+            "output_mib": output_mib,
+            "working_mib": max(peak - rss_before, 0) / 1024 - output_mib,
+            "peak_counter": "VmHWM, reset" if reset else "ru_maxrss",
+            "budget_mib": engine.get_memory_budget() / 2**20,
+        })
+        del output
+    return rows
+
+
+def memory_table(rows: list) -> list:
+    budget = next((r["budget_mib"] for r in rows if r["status"] == "ok"), None)
+    lines = [
+        f"Memory budget per chunk: {budget:.0f} MiB (`pyro_multihop.engine.get_memory_budget()`, the default)." if budget else "",
+        "",
+        "| query | n | N | S | route | time (s) | RSS after load (MiB) | peak RSS (MiB) | output (MiB) "
+        "| peak - load - output (MiB, target <= 1024) |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| `{r['query']}` | {r['n']} | {r['N']} | {r['S']} | | {r['status']} | | | | |")
+            continue
+        ok = "ok" if r["working_mib"] <= TARGETS["memory_mib"] else "**missed**"
+        lines.append(
+            f"| `{r['query']}` | {r['n']} | {r['N']} | {r['S']} | {r['route']} | {r['seconds']:.1f} | "
+            f"{r['rss_after_load_mib']:.0f} | {r['peak_mib']:.0f} | {r['output_mib']:.1f} | {r['working_mib']:.0f} {ok} |"
+        )
+    return lines
+
+
+# -- scaling --------------------------------------------------------------------------------------------------
+def scaling_point(axis: str, n: int, N: int, S: int) -> list:
+    rows = measure_queries(("log_likelihood", "e_step"), n, N, S)
+    for row in rows:
+        row["axis"] = axis
+    return rows
+
+
+def _slope(points) -> float:
+    """Least-squares slope of log(time) against log(size)."""
+    xs = [math.log(x) for x, _ in points]
+    ys = [math.log(y) for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def scaling_slopes(rows: list) -> dict:
+    slopes = {}
+    for axis in ("n", "N", "S"):
+        for query in ("log_likelihood", "e_step"):
+            points = [(r[axis], r["seconds"]) for r in rows
+                      if r["axis"] == axis and r["query"] == query and r["status"] == "ok" and r["route"] == "symbols"]
+            if len(points) >= 2:
+                slopes[f"{query}_{axis}"] = _slope(points)
+    return slopes
+
+
+def scaling_table(rows: list) -> list:
+    lines = [
+        "| varied | n | N | S | route | query | time (s) | us / row | peak - load - output (MiB) |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['axis']} | {r['n']} | {r['N']} | {r['S']} | {r['route']} | `{r['query']}` | {r['seconds']:.2f} | "
+            f"{1e6 * r['seconds'] / r['n']:.1f} | {r['working_mib']:.0f} |"
+        )
+    slopes = scaling_slopes(rows)
+    if slopes:
+        lines += ["", "Log-log slopes of the time (1 = linear; least squares over the symbol-route rows of each axis):", ""]
+        lines += [f"- `{key.rsplit('_', 1)[0]}` in `{key.rsplit('_', 1)[1]}`: {value:.2f}" for key, value in slopes.items()]
+    return lines
+
+
+# -- driver -----------------------------------------------------------------------------------------------------
+def _in_subprocess(function: str, *arguments):
+    """Run ``function(*arguments)`` of this module in a fresh interpreter; return its JSON result."""
+    command = [sys.executable, __file__, "--worker", function, json.dumps(arguments)]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"worker {function}{arguments} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def write_section(out: Path, name: str, rows, table_lines: list, load: str) -> Path:
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows if isinstance(rows, list) else [rows]).to_csv(out / f"engine_{name}.csv", index=False)
+    footer = ["", f"float32, one thread, L = {HOPS}, sigma2 = {SIGMA2}, T = S; load average (1, 5, 15 min) "
+              f"before the section: {load} on {os.cpu_count()} cores."]
+    path = out / f"engine_{name}.md"
+    path.write_text("\n".join(table_lines + footer) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, every section in this process (seconds)")
+    parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--repeats", type=int, default=9, help="timed rounds per speed point")
+    parser.add_argument("--queries", nargs="*", default=list(QUERIES), choices=QUERIES, help="memory section only")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        function, arguments = args.worker
+        print(json.dumps(globals()[function](*json.loads(arguments))))
+        return 0
+
+    smoke = args.smoke
+
+    def call(function: str, *arguments):
+        return globals()[function](*arguments) if smoke else _in_subprocess(function, *arguments)
+
+    if "speed" in args.sections:
+        load = _load_average()
+        grid, repeats = (SMOKE_SPEED_GRID, 3) if smoke else (SPEED_GRID, args.repeats)
+        rows = []
+        for point in grid:
+            rows += call("speed_section", [point], repeats)
+            print(speed_table(rows[-1:])[-1], flush=True)
+        print(f"wrote {write_section(args.out, 'speed', rows, speed_table(rows), load)}", flush=True)
+    if "peer" in args.sections:
+        load = _load_average()
+        sizes = SMOKE_PEER if smoke else PEER
+        row = call("peer_point", sizes["n"], sizes["N"], sizes["S"], 3 if smoke else 3)
+        print(row, flush=True)
+        print(f"wrote {write_section(args.out, 'peer', row, peer_table(row), load)}", flush=True)
+    if "memory" in args.sections:
+        load = _load_average()
+        sizes = SMOKE_MEMORY if smoke else MEMORY
+        rows = []
+        if smoke:
+            rows = measure_queries(args.queries, sizes["n"], sizes["N"], sizes["S"])
+        else:
+            for query in args.queries:
+                rows += _in_subprocess("measure_queries", [query], sizes["n"], sizes["N"], sizes["S"])
+                print(rows[-1], flush=True)
+        print(f"wrote {write_section(args.out, 'memory', rows, memory_table(rows), load)}", flush=True)
+    if "scaling" in args.sections:
+        load = _load_average()
+        rows = []
+        for point in SMOKE_SCALING if smoke else SCALING:
+            rows += call("scaling_point", *point)
+            print(rows[-2:], flush=True)
+        print(f"wrote {write_section(args.out, 'scaling', rows, scaling_table(rows), load)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
