@@ -640,11 +640,13 @@ def sample_paths(gates: HopGates, obs: Observations, num_samples: int, generator
     return out
 
 
-def path_entropy(gates: HopGates, obs: Observations, budget=None) -> torch.Tensor:
-    """``(n,)`` exact entropy (nats) of the posterior over hop paths."""
+def path_entropy(gates: HopGates, obs: Observations, budget=None, given_target: bool = True) -> torch.Tensor:
+    """``(n,)`` exact entropy (nats) of the posterior over hop paths given the target; with
+    ``given_target=False``, of the prior chain (the uncertainty before the target is seen)."""
     out = gates.log_emission.new_empty(len(obs))
     N = obs.context_len
     for rows, _, chain, log_emission in dense_chunks(gates, obs, budget, extra=2 * N * N):
+        log_emission = log_emission if given_target else torch.zeros_like(log_emission)
         out[rows] = _hop_chain.chain_entropy(chain, log_emission)
     return out
 

@@ -315,3 +315,13 @@ def test_a_gate_without_score_tables_runs_on_its_dense_factors(hops):
     assert torch.allclose(engine.predict_proba(without, obs), engine.predict_proba(with_tables, obs), atol=1e-13)
     assert torch.allclose(engine.pairwise_marginals(without, obs), brute_force(head, obs)["pairwise_marginals"],
                           atol=1e-13)
+
+
+def test_path_entropy_without_the_target_is_that_of_the_prior_chain():
+    head, obs = make_head("chained", 2, seed=84), random_obs(n=5, seed=85, masked=True)
+    emission = head.emission.detach().double()
+    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask)
+    prior_entropy = torch.tensor([-sum(p * math.log(p) for p, _ in table.values() if p > 0) for table in tables],
+                                 dtype=torch.float64)
+    assert torch.allclose(head.path_entropy(obs, given_target=False), prior_entropy, atol=1e-12)
+    assert not torch.allclose(head.path_entropy(obs), prior_entropy, atol=1e-3)  # the target does inform the path

@@ -248,10 +248,11 @@ class HopAttentionHead(PyroModule):
         return engine.sample_paths(gates, obs, num_samples, generator, budget)
 
     @torch.no_grad()
-    def path_entropy(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
-        """``(n,)`` exact entropy, in nats, of the posterior over hop paths given the target."""
+    def path_entropy(self, obs: Observations, *, given_target: bool = True, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n,)`` exact entropy, in nats, of the posterior over hop paths given the target
+        (``given_target=False``: of the prior over paths, before the target is seen)."""
         self.check_observations(obs)
-        return engine.path_entropy(self.hop_gates(), obs, budget)
+        return engine.path_entropy(self.hop_gates(), obs, budget, given_target=given_target)
 
     @torch.no_grad()
     def k_best_paths(self, obs: Observations, k: int, *, budget: Optional[int] = None):
