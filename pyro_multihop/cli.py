@@ -224,7 +224,15 @@ def _load_data(path: Path, require_target: bool = True):
     try:
         return Observations.from_dataframe(frame), has_target
     except (ValueError, TypeError) as error:
-        raise CommandError(f"data file {str(path)!r}: {error}") from None
+        where = _csv_line(error, path)
+        raise CommandError(f"data file {str(path)!r}: {error}{where}") from None
+
+
+def _csv_line(error: Exception, path: Path) -> str:
+    """`` (line L of the file)`` for a bad cell of a .csv file: rows count from 0 after the header line."""
+    from .data import DataError
+
+    return f" (line {error.row + 2} of the file)" if isinstance(error, DataError) and path.suffix == ".csv" else ""
 
 
 def _load_checkpoint(path: Path, device):

@@ -92,7 +92,7 @@ def test_loading_is_weights_only(tmp_path):
     "content, match",
     [
         (None, "does not exist"),
-        (b"this is not a checkpoint", "not a readable checkpoint"),
+        (b"this is not a checkpoint", "is not a checkpoint"),
         ({"some": "dict"}, "not a pyro-multihop checkpoint"),
         ({"format": "pyro-multihop-checkpoint", "version": 99}, "version"),
         ({"format": "pyro-multihop-checkpoint", "version": 1, "model_class": "ChainedAttention"}, "lacks"),
@@ -108,6 +108,26 @@ def test_bad_files_raise_checkpoint_error(tmp_path, content, match):
     with pytest.raises(CheckpointError, match=match):
         load_checkpoint(path)
     assert issubclass(CheckpointError, ValueError)
+
+
+@pytest.mark.parametrize("keep", [0.02, 0.5, 0.98], ids=["head", "half", "tail-cut"])
+def test_a_truncated_checkpoint_is_one_short_sentence(tmp_path, keep):
+    head, optimizer = trained_head()
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head, optimizer, step=3)
+    data = path.read_bytes()
+    path.write_bytes(data[: max(4, int(keep * len(data)))])
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == f"checkpoint {str(path)!r} is truncated or damaged"
+
+
+def test_a_data_file_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / "train.csv"
+    transitive_task(5, seed=0).save(path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == f"{str(path)!r} is not a checkpoint (train writes OUT/checkpoint.pt)"
 
 
 def test_unknown_class_and_bad_config(tmp_path):

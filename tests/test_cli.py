@@ -139,6 +139,12 @@ def test_errors_are_one_line(task, tmp_path, capsys):
     main(["simulate", "-n", "5", "--symbols", "40", "--out", str(big_symbols)])
     ckpt = tmp_path / "svi" / "checkpoint.pt"
     main(["train", "--data", str(train), "--steps", "2", "--no-progress", "--out", str(ckpt.parent)])
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(ckpt.read_bytes()[:1000])
+    float_csv = tmp_path / "floats.csv"
+    frame = pd.read_csv(train).astype({"key_3": float})
+    frame.loc[1, "key_3"] = 2.5
+    frame.to_csv(float_csv, index=False)
     capsys.readouterr()
     cases = [
         (["train", "--data", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x")], "does not exist"),
@@ -148,7 +154,10 @@ def test_errors_are_one_line(task, tmp_path, capsys):
         (["train", "--data", str(train), "--device", "warp-drive", "--out", str(tmp_path / "x")], "device"),
         (["train", "--data", str(train), "--method", "em", "--lr", "0.1", "--out", str(tmp_path / "x")], "svi only"),
         (["simulate", "--out", str(tmp_path / "data.txt")], ".csv or .parquet"),
-        (["evaluate", "--checkpoint", str(garbage), "--data", str(test)], "not a readable checkpoint"),
+        (["evaluate", "--checkpoint", str(garbage), "--data", str(test)], "is not a checkpoint"),
+        (["evaluate", "--checkpoint", str(train), "--data", str(test)], f"{str(train)!r} is not a checkpoint"),
+        (["evaluate", "--checkpoint", str(truncated), "--data", str(test)], "is truncated or damaged"),
+        (["train", "--data", str(float_csv), "--out", str(tmp_path / "x")], "column 'key_3' row 1: expected an integer symbol, got 2.5"),
         (["evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--data", str(test)], "does not exist"),
         (["evaluate", "--checkpoint", str(ckpt), "--data", str(big_symbols)], "does not fit"),
         (["predict", "--checkpoint", str(ckpt), "--data", str(test), "--out", str(tmp_path / "p.json")], ".csv"),
