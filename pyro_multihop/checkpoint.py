@@ -40,7 +40,7 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "CheckpointError"]
+__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "CheckpointError", "current_parameter_names"]
 
 FORMAT = "pyro-multihop-checkpoint"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -203,9 +203,24 @@ def load_parameters(model, payload: dict) -> None:
     if dict(model.config()) != dict(payload["config"]):
         raise CheckpointError(f"checkpoint configuration {payload['config']} differs from the model's {model.config()}")
     try:
-        model.load_state_dict(payload["state_dict"])
+        model.load_state_dict(current_parameter_names(model, payload["state_dict"]))
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint parameters do not fit the model: {str(error).splitlines()[0]}") from None
+
+
+def current_parameter_names(model, state_dict: dict) -> dict:
+    """``state_dict`` with the parameter names of checkpoints written before the rename: an unconstrained
+    parameter used to be stored as ``NAME_unconstrained`` (a ``PyroParam``) and is now the plain
+    ``torch.nn.Parameter`` ``NAME`` (``key_tables``, ``emission_logits``, ``guide.loc``). Names the model
+    has are kept as they are."""
+    expected = set(model.state_dict())
+    suffix = "_unconstrained"
+    renamed = {}
+    for name, value in state_dict.items():
+        if name not in expected and name.endswith(suffix) and name[: -len(suffix)] in expected:
+            name = name[: -len(suffix)]
+        renamed[name] = value
+    return renamed
 
 
 def load_checkpoint(path: Union[str, os.PathLike]):

@@ -18,8 +18,9 @@ Settings come, in this order, from the keyword arguments of :func:`fit_svi`, fro
 ``clip_norm``               ClippedAdam's element-wise clip of the per-observation gradient
 ``betas``                   Adam's moment decay rates
 ``weight_decay``            L2 penalty on the per-observation loss, a float for every parameter or
-                            ``{parameter name: float}`` (names as in ``model.named_parameters()``,
-                            the ``_unconstrained`` suffix optional); a Gaussian prior of precision
+                            ``{parameter name: float}`` (names as in ``model.named_parameters()``;
+                            a constrained parameter such as ``guide.scale`` also by its name
+                            without Pyro's ``_unconstrained`` suffix); a Gaussian prior of precision
                             ``n * weight_decay`` on those parameters
 ``log_every``               steps between rows of the returned metrics
 ``divergence_threshold``    nats per observation above the best full-data loss that count as a
@@ -62,7 +63,7 @@ from pyro.infer import JitTraceEnum_ELBO, TraceEnum_ELBO
 from pyro.optim.clipped_adam import ClippedAdam
 from tqdm.auto import tqdm
 
-from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, current_parameter_names, load_parameters, read_checkpoint, save_checkpoint
 from .data import Observations
 
 __all__ = ["SVI_DEFAULTS", "fit_svi", "svi_settings"]
@@ -433,6 +434,8 @@ def _run(model, obs, val, settings, progress, jit, callback, checkpoint, checkpo
         if payload["optimizer"] is not None:
             optimizer.load_state_dict(payload["optimizer"])
         guard.load(training["guard"])
+        if guard.best_state is not None:
+            guard.best_state = current_parameter_names(model, guard.best_state)
         _set_rng_state(training["rng"], device)
         rows = list(training["rows"])
         start = resumed_from = int(payload["step"])

@@ -54,6 +54,27 @@ def test_settings_merge_head_defaults_and_arguments():
     assert settings["weight_decay"] == {"key_tables": pytest.approx(3e-3)}  # the chained head's measured default
 
 
+def test_weight_decay_names_are_the_parameter_names():
+    """Unconstrained parameters by their plain names; a constrained one (the tied guide's scale) by its name
+    with or without Pyro's ``_unconstrained`` suffix; each group gets its own decay."""
+    from pyro_multihop import TiedEmbeddingAttention
+    from pyro_multihop.train import _parameter_groups
+
+    head = small_head()
+    assert [name for name, _ in head.named_parameters()] == ["key_tables", "emission_logits"]
+    groups = _parameter_groups(head, {"key_tables": 3e-3})
+    decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    assert decay_of == {id(head.key_tables): 3e-3, id(head.emission_logits): 0.0}
+    tied = TiedEmbeddingAttention(6, 2, 6, seed=0)
+    for name in ("guide.scale", "guide.scale_unconstrained"):
+        groups = _parameter_groups(tied, {name: 1e-2, "guide.loc": 1e-3})
+        decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+        assert decay_of == {id(tied.guide.loc): 1e-3, id(tied.guide.scale_unconstrained): 1e-2,
+                            id(tied.emission_logits): 0.0}
+    with pytest.raises(ValueError, match=r"key_tables_unconstrained.*\['emission_logits', 'key_tables'\]"):
+        _parameter_groups(head, {"key_tables_unconstrained": 1e-3})
+
+
 class _Fussy(ChainedAttention):
     def svi_defaults(self):
         return {"num_steps": 3, "bogus": 1}
@@ -141,7 +162,7 @@ def test_divergence_guard_restores_best_and_lowers_lr(caplog):
     def sabotage(step, model, row):
         if step == 20:
             with torch.no_grad():
-                model.emission_logits_unconstrained.mul_(-3.0)  # the emission now avoids the right targets
+                model.emission_logits.mul_(-3.0)  # the emission now avoids the right targets
 
     with caplog.at_level(logging.WARNING, logger="pyro_multihop.train"):
         metrics = fit_svi(head, obs, num_steps=40, log_every=10, callback=sabotage, progress=False)
@@ -160,7 +181,7 @@ def test_best_parameters_restored_at_the_end():
     def sabotage(step, model, row):
         if step == 20:
             with torch.no_grad():
-                model.emission_logits_unconstrained.mul_(-3.0)
+                model.emission_logits.mul_(-3.0)
 
     metrics = fit_svi(head, obs, num_steps=30, log_every=10, callback=sabotage, divergence_threshold=math.inf, progress=False)
     attrs = metrics.attrs

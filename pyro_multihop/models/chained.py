@@ -35,7 +35,7 @@ from typing import Optional
 import pyro
 import torch
 from pyro.infer import config_enumerate
-from pyro.nn import PyroParam, pyro_method
+from pyro.nn import pyro_method
 
 from ..data import Observations
 from ..gates import table_gather
@@ -83,8 +83,9 @@ class ChainedAttention(HopAttentionHead):
     :param float init_noise: standard deviation of the noise added to ``"identity"`` tables.
     :param seed: seed of the initial key tables (None: torch's global generator).
 
-    Parameters ``key_tables`` (unconstrained) and ``emission`` (a softmax of ``emission_logits``) are
-    Pyro parameters. Example::
+    Parameters (``named_parameters()`` and ``state_dict()`` names): ``key_tables`` ``(L, S, S)`` and
+    ``emission_logits`` ``(S, T)`` (``emission`` is their row softmax), both unconstrained
+    ``torch.nn.Parameter`` objects that Pyro registers under the same names. Example::
 
         >>> import pyro
         >>> from pyro.infer import TraceEnum_ELBO
@@ -133,8 +134,10 @@ class ChainedAttention(HopAttentionHead):
             emission_logits = torch.zeros(num_symbols, num_targets, dtype=dtype)
         else:
             emission_logits = emission_to_logits(emission, (num_symbols, num_targets)).to(dtype)
-        self.key_tables = PyroParam(key_tables.detach().clone())
-        self.emission_logits = PyroParam(emission_logits)
+        # Unconstrained, so plain nn.Parameters: Pyro names them "key_tables" and "emission_logits" (a
+        # PyroParam would store them as "key_tables_unconstrained"); see docs/parameter_names.md.
+        self.key_tables = torch.nn.Parameter(key_tables.detach().clone())
+        self.emission_logits = torch.nn.Parameter(emission_logits)
 
     @property
     def emission(self) -> torch.Tensor:
