@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -71,6 +72,19 @@ def _data_path(text: str) -> Path:
     if path.suffix not in (".csv", ".parquet"):
         raise argparse.ArgumentTypeError(f"data files end in .csv or .parquet, got {text!r}")
     return path
+
+
+#: Torch threads of each command when --threads is not given, from benchmarks/threads.py: on the library's
+#: small tensors a second intra-op thread costs more in synchronisation than it computes (see docs/threads.md).
+DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1}
+
+
+def _add_threads(command: argparse.ArgumentParser, name: str) -> None:
+    command.add_argument(
+        "--threads", type=_nonnegative_int, default=DEFAULT_THREADS[name],
+        help=f"torch intra-op threads; 0 keeps torch's default (one per core) (default: {DEFAULT_THREADS[name]}, "
+        "the fastest on these small tensors: benchmarks/results/threads.md)",
+    )
 
 
 # -- the parser --------------------------------------------------------------------------------------------
@@ -177,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--rows", type=_nonnegative_int, nargs="+", default=[0, 1, 2],
                          help="rows of --data whose hop marginals to draw (default: 0 1 2)")
     inspect.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+    for name, command in (("simulate", simulate), ("train", train), ("evaluate", evaluate), ("predict", predict),
+                          ("inspect", inspect)):
+        _add_threads(command, name)
     return parser
 
 
@@ -362,6 +379,10 @@ def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
     from .train import fit_svi
 
     model = _build_head(args, num_symbols, num_targets).to(device=device, dtype=dtype)
+    if args.resume and checkpoint_path.is_file():
+        from .checkpoint import read_checkpoint
+
+        print(f"resuming from step {read_checkpoint(checkpoint_path)['step']} of {checkpoint_path}", flush=True)
     metrics = fit_svi(
         model,
         train_obs,
@@ -555,6 +576,14 @@ def _inspect(args) -> int:
     return 0
 
 
+def _set_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` for this process (0: leave torch's default)."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
 _COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect}
 
 
@@ -571,9 +600,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
     from .checkpoint import CheckpointError
 
+    _set_threads(args.threads)
     try:
         return _COMMANDS[args.command](args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        if hasattr(interrupt, "exit_status"):  # train.TrainingInterrupted: a checkpoint was written
+            print(f"{PROG} {args.command}: interrupted by {signal.Signals(interrupt.signum).name} after step "
+                  f"{interrupt.step}; checkpoint written to {interrupt.checkpoint} (continue with --resume)",
+                  file=sys.stderr)
+            return interrupt.exit_status
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
     except (CommandError, CheckpointError, ValueError, TypeError, OSError, ImportError, KeyError) as error:

@@ -30,3 +30,16 @@ def test_pyro_overhead_benchmark_smoke(tmp_path):
     table = (tmp_path / "pyro_overhead.md").read_text()
     for row in ("Pyro, library model", "Pyro, minimal model", "fused", "aten::bmm"):
         assert row in table
+
+
+def test_threads_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "threads.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    table = (tmp_path / "threads.md").read_text()
+    for row in ("| train svi |", "| train em |", "| train em (tied) |", "| evaluate |", "| predict |", "| simulate |"):
+        assert row in table
+    frame = pd.read_csv(tmp_path / "threads.csv")
+    assert sorted(set(frame["threads"])) == [1, 2] and (frame["ms"] > 0).all()
