@@ -122,6 +122,7 @@ def main(argv=None) -> int:
         print(json.dumps(_worker(args.worker[0], int(args.worker[1]), size)))
         return 0
 
+    load_before = _load_average()
     rows = []
     for name in WORKLOADS:
         for threads in THREADS:
@@ -143,7 +144,9 @@ def main(argv=None) -> int:
         f"`python benchmarks/threads.py{' --smoke' if args.smoke else ''}`; n = {size['n']} rows (README task: "
         f"transitive, S = 30, 5 pairs, N = 10), median of {size['repeats']} rounds after a warm-up, each "
         f"(workload, threads) in its own process. Machine: {os.cpu_count()} logical cores, "
-        f"{platform.processor() or platform.machine()}, torch {_torch_version()}.",
+        f"{platform.processor() or platform.machine()}, torch {_torch_version()}; load average (1 min) "
+        f"{load_before} before and {_load_average()} after the run (other processes competing for the cores "
+        "make a second thread wait, which is the situation the defaults must survive).",
         "",
         "| work | unit | 1 thread (ms) | 2 threads (ms) | 2 threads / 1 thread |",
         "|---|---|---|---|---|",
@@ -158,6 +161,13 @@ def main(argv=None) -> int:
     (args.out / "threads.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / 'threads.md'}")
     return 0
+
+
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # not available on this platform
+        return "unknown"
 
 
 def _torch_version() -> str:

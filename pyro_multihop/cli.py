@@ -285,7 +285,8 @@ def _json_default(value):
 
 
 def _save_figure(figure, path: Path) -> Path:
-    figure.savefig(path, dpi=110)
+    # bbox_inches="tight" keeps every label inside the PNG (colourbar ticks, long titles).
+    figure.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
     return path
 
 
@@ -351,9 +352,11 @@ def _train(args) -> int:
 
     metrics_path = args.out / "metrics.csv"
     metrics.to_csv(metrics_path, index=False)
-    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=f"{args.model} / {args.method}"), args.out / "loss.png")]
+    title, x_label = _training_title(args, len(train_obs), val_obs)
+    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=title, x_label=x_label), args.out / "loss.png")]
     if "val_accuracy" in metrics.columns:
-        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=f"{args.model} / {args.method}"), args.out / "accuracy.png"))
+        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=title, x_label=x_label),
+                                    args.out / "accuracy.png"))
     summary = {
         "model": type(model).__name__,
         "method": args.method,
@@ -373,6 +376,22 @@ def _train(args) -> int:
         print(f"held-out log-likelihood {summary['val']['log_likelihood']:.4f}, accuracy {summary['val']['accuracy']:.4f}")
     print(f"wrote {checkpoint_path}, {metrics_path}, {', '.join(str(f) for f in figures)}, {args.out / 'summary.json'}")
     return 0
+
+
+def _training_title(args, n_train: int, val_obs) -> tuple:
+    """Title (head, method, data) and x-axis label of the training figures."""
+    method = {"svi": "SVI", "em": "EM" if args.model == "chained" else "variational EM"}[args.method]
+    title = f"{args.model} head, {method} on {args.data.name} ({n_train} rows)"
+    if val_obs is not None:
+        title += f"; held-out {args.val.name} ({len(val_obs)} rows)"
+    return title, "step" if args.method == "svi" else f"{method} iteration"
+
+
+def _checkpoint_method(state: dict) -> str:
+    extra = state.get("extra") or {}
+    if extra.get("method") == "em":
+        return "variational EM" if (extra.get("em") or {}).get("method") == "variational em" else "EM"
+    return "SVI" if "svi" in extra else "unknown method"
 
 
 def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
@@ -553,7 +572,7 @@ def _inspect(args) -> int:
 
     from .plots import plot_embeddings, plot_emission, plot_hop_marginals, plot_key_tables
 
-    model, _ = _load_checkpoint(args.checkpoint, torch.device("cpu"))
+    model, state = _load_checkpoint(args.checkpoint, torch.device("cpu"))
     obs = None
     if args.data is not None:
         obs, _ = _load_data(args.data)
@@ -562,15 +581,15 @@ def _inspect(args) -> int:
         if bad:
             raise CommandError(f"--rows must be below the {len(obs)} observations of {str(args.data)!r}, got {bad}")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = type(model).__name__
+    name = f"{type(model).__name__} ({_checkpoint_method(state)}, {args.checkpoint})"
     written = []
     if isinstance(getattr(model, "key_tables", None), torch.Tensor):
-        written.append(_save_figure(plot_key_tables(model, title=name), args.out / "key_tables.png"))
+        written.append(_save_figure(plot_key_tables(model, title=f"{name}: key tables"), args.out / "key_tables.png"))
     if callable(getattr(model, "embeddings", None)):
-        written.append(_save_figure(plot_embeddings(model, title=name), args.out / "embeddings.png"))
-    written.append(_save_figure(plot_emission(model), args.out / "emission.png"))
+        written.append(_save_figure(plot_embeddings(model, title=f"{name}: embeddings"), args.out / "embeddings.png"))
+    written.append(_save_figure(plot_emission(model, title=f"{name}:\nemission p(target | value)"), args.out / "emission.png"))
     if obs is not None:
-        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals")
+        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals of {args.data.name}")
         written.append(_save_figure(figure, args.out / "hop_marginals.png"))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
