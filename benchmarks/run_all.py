@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["chained_loss.py", "pyro_overhead.py", "em_vs_numpy.py", "svi_stability.py", "engine.py", "distributed.py"]
+BENCHMARKS = [
+    "chained_loss.py", "pyro_overhead.py", "em_vs_numpy.py", "svi_stability.py", "engine.py", "distributed.py", "threads.py",
+]
 
 
 def main(argv=None) -> int:

@@ -95,7 +95,7 @@ def run_plain_adam(init: str, seed: int, train, test, steps: int, traces: list, 
     head = make_head(init, seed)
     optimizer = torch.optim.Adam(head.parameters(), lr=0.05)
     elbo = TraceEnum_ELBO(max_plate_nesting=1)
-    tables = head.key_tables_unconstrained
+    tables = head.key_tables
     losses = []
     started = time.perf_counter()
     with pyro.get_param_store().scope():

@@ -40,9 +40,10 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "CheckpointError"]
+__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "CheckpointError", "current_parameter_names"]
 
 FORMAT = "pyro-multihop-checkpoint"
+_ZIP_MAGIC = b"PK\x03\x04"
 VERSION = 1
 
 #: Heads a checkpoint can rebuild: class name -> "module:attribute". Modules are imported on first use,
@@ -156,8 +157,7 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for foreign or damaged files
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{str(path)!r} is not a readable checkpoint ({first_line})") from None
+        raise CheckpointError(_unreadable(path, error)) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{str(path)!r} is not a pyro-multihop checkpoint")
     if payload.get("version") != VERSION:
@@ -168,6 +168,17 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
     if payload["dtype"] not in _DTYPES:
         raise CheckpointError(f"checkpoint dtype must be one of {sorted(_DTYPES)}, got {payload['dtype']!r}")
     return payload
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """One sentence on why ``torch.load`` failed: not a checkpoint at all, refused objects, or damaged."""
+    with open(path, "rb") as stream:
+        head = stream.read(4)
+    if head != _ZIP_MAGIC:  # torch.save writes a zip archive; anything else (a .csv, say) is another file
+        return f"{str(path)!r} is not a checkpoint (train writes OUT/checkpoint.pt)"
+    if "weights only" in str(error).lower() or "weights_only" in str(error):
+        return f"{str(path)!r} is not a readable checkpoint: it holds objects other than tensors and plain containers"
+    return f"checkpoint {str(path)!r} is truncated or damaged"
 
 
 def build_model(payload: dict):
@@ -192,9 +203,24 @@ def load_parameters(model, payload: dict) -> None:
     if dict(model.config()) != dict(payload["config"]):
         raise CheckpointError(f"checkpoint configuration {payload['config']} differs from the model's {model.config()}")
     try:
-        model.load_state_dict(payload["state_dict"])
+        model.load_state_dict(current_parameter_names(model, payload["state_dict"]))
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint parameters do not fit the model: {str(error).splitlines()[0]}") from None
+
+
+def current_parameter_names(model, state_dict: dict) -> dict:
+    """``state_dict`` with the parameter names of checkpoints written before the rename: an unconstrained
+    parameter used to be stored as ``NAME_unconstrained`` (a ``PyroParam``) and is now the plain
+    ``torch.nn.Parameter`` ``NAME`` (``key_tables``, ``emission_logits``, ``guide.loc``). Names the model
+    has are kept as they are."""
+    expected = set(model.state_dict())
+    suffix = "_unconstrained"
+    renamed = {}
+    for name, value in state_dict.items():
+        if name not in expected and name.endswith(suffix) and name[: -len(suffix)] in expected:
+            name = name[: -len(suffix)]
+        renamed[name] = value
+    return renamed
 
 
 def load_checkpoint(path: Union[str, os.PathLike]):

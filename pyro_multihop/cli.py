@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -78,6 +79,19 @@ def _data_path(text: str) -> Path:
     if path.suffix not in (".csv", ".parquet"):
         raise argparse.ArgumentTypeError(f"data files end in .csv or .parquet, got {text!r}")
     return path
+
+
+#: Torch threads of each command when --threads is not given, from benchmarks/threads.py: on the library's
+#: small tensors a second intra-op thread costs more in synchronisation than it computes (see docs/threads.md).
+DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1}
+
+
+def _add_threads(command: argparse.ArgumentParser, name: str) -> None:
+    command.add_argument(
+        "--threads", type=_nonnegative_int, default=DEFAULT_THREADS[name],
+        help=f"torch intra-op threads; 0 keeps torch's default (one per core) (default: {DEFAULT_THREADS[name]}, "
+        "the fastest on these small tensors: benchmarks/results/threads.md)",
+    )
 
 
 # -- the parser --------------------------------------------------------------------------------------------
@@ -189,7 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .datasets.babi_run import add_babi_parser
 
-    add_babi_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
+    babi = add_babi_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
+    for name, command in (("simulate", simulate), ("train", train), ("evaluate", evaluate), ("predict", predict),
+                          ("inspect", inspect), ("babi", babi)):
+        _add_threads(command, name)
     return parser
 
 
@@ -244,7 +261,15 @@ def _load_data(path: Path, require_target: bool = True, shard: Optional[tuple] =
             return Observations._empty(frame), has_target
         return Observations.from_dataframe(frame), has_target
     except (ValueError, TypeError) as error:
-        raise CommandError(f"data file {str(path)!r}: {error}") from None
+        where = _csv_line(error, path)
+        raise CommandError(f"data file {str(path)!r}: {error}{where}") from None
+
+
+def _csv_line(error: Exception, path: Path) -> str:
+    """`` (line L of the file)`` for a bad cell of a .csv file: rows count from 0 after the header line."""
+    from .data import DataError
+
+    return f" (line {error.row + 2} of the file)" if isinstance(error, DataError) and path.suffix == ".csv" else ""
 
 
 def _load_checkpoint(path: Path, device):
@@ -280,7 +305,8 @@ def _json_default(value):
 
 
 def _save_figure(figure, path: Path) -> Path:
-    figure.savefig(path, dpi=110)
+    # bbox_inches="tight" keeps every label inside the PNG (colourbar ticks, long titles).
+    figure.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
     return path
 
 
@@ -380,9 +406,11 @@ def _train_here(args, device) -> int:
 
     metrics_path = args.out / "metrics.csv"
     metrics.to_csv(metrics_path, index=False)
-    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=f"{args.model} / {args.method}"), args.out / "loss.png")]
+    title, x_label = _training_title(args, len(train_obs), val_obs)
+    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=title, x_label=x_label), args.out / "loss.png")]
     if "val_accuracy" in metrics.columns:
-        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=f"{args.model} / {args.method}"), args.out / "accuracy.png"))
+        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=title, x_label=x_label),
+                                    args.out / "accuracy.png"))
     summary = {
         "model": type(model).__name__,
         "method": args.method,
@@ -405,10 +433,30 @@ def _train_here(args, device) -> int:
     return 0
 
 
+def _training_title(args, n_train: int, val_obs) -> tuple:
+    """Title (head, method, data) and x-axis label of the training figures."""
+    method = {"svi": "SVI", "em": "EM" if args.model == "chained" else "variational EM"}[args.method]
+    title = f"{args.model} head, {method} on {args.data.name} ({n_train} rows)"
+    if val_obs is not None:
+        title += f"; held-out {args.val.name} ({len(val_obs)} rows)"
+    return title, "step" if args.method == "svi" else f"{method} iteration"
+
+
+def _checkpoint_method(state: dict) -> str:
+    extra = state.get("extra") or {}
+    if extra.get("method") == "em":
+        return "variational EM" if (extra.get("em") or {}).get("method") == "variational em" else "EM"
+    return "SVI" if "svi" in extra else "unknown method"
+
+
 def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
     from .train import fit_svi
 
     model = _build_head(args, num_symbols, num_targets).to(device=device, dtype=dtype)
+    if args.resume and checkpoint_path.is_file():
+        from .checkpoint import read_checkpoint
+
+        print(f"resuming from step {read_checkpoint(checkpoint_path)['step']} of {checkpoint_path}", flush=True)
     metrics = fit_svi(
         model,
         train_obs,
@@ -570,7 +618,7 @@ def _inspect(args) -> int:
 
     from .plots import plot_embeddings, plot_emission, plot_hop_marginals, plot_key_tables
 
-    model, _ = _load_checkpoint(args.checkpoint, torch.device("cpu"))
+    model, state = _load_checkpoint(args.checkpoint, torch.device("cpu"))
     obs = None
     if args.data is not None:
         obs, _ = _load_data(args.data)
@@ -579,15 +627,15 @@ def _inspect(args) -> int:
         if bad:
             raise CommandError(f"--rows must be below the {len(obs)} observations of {str(args.data)!r}, got {bad}")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = type(model).__name__
+    name = f"{type(model).__name__} ({_checkpoint_method(state)}, {args.checkpoint})"
     written = []
     if isinstance(getattr(model, "key_tables", None), torch.Tensor):
-        written.append(_save_figure(plot_key_tables(model, title=name), args.out / "key_tables.png"))
+        written.append(_save_figure(plot_key_tables(model, title=f"{name}: key tables"), args.out / "key_tables.png"))
     if callable(getattr(model, "embeddings", None)):
-        written.append(_save_figure(plot_embeddings(model, title=name), args.out / "embeddings.png"))
-    written.append(_save_figure(plot_emission(model), args.out / "emission.png"))
+        written.append(_save_figure(plot_embeddings(model, title=f"{name}: embeddings"), args.out / "embeddings.png"))
+    written.append(_save_figure(plot_emission(model, title=f"{name}:\nemission p(target | value)"), args.out / "emission.png"))
     if obs is not None:
-        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals")
+        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals of {args.data.name}")
         written.append(_save_figure(figure, args.out / "hop_marginals.png"))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
@@ -597,6 +645,14 @@ def _babi(args) -> int:
     from .datasets.babi_run import babi_command
 
     return babi_command(args)
+
+
+def _set_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` for this process (0: leave torch's default)."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 _COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect,
@@ -619,9 +675,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=level, format=f"{PROG}: %(message)s")
     from .checkpoint import CheckpointError
 
+    _set_threads(args.threads)
     try:
         return _COMMANDS[args.command](args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        if hasattr(interrupt, "exit_status"):  # train.TrainingInterrupted: a checkpoint was written
+            print(f"{PROG} {args.command}: interrupted by {signal.Signals(interrupt.signum).name} after step "
+                  f"{interrupt.step}; checkpoint written to {interrupt.checkpoint} (continue with --resume)",
+                  file=sys.stderr)
+            return interrupt.exit_status
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
         return 130
     except (CommandError, CheckpointError, ValueError, TypeError, OSError, ImportError, KeyError,

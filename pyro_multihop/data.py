@@ -25,10 +25,12 @@ import os
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
 import pandas as pd
 import torch
 
 __all__ = [
+    "DataError",
     "Observations",
     "chain_task",
     "transitive_task",
@@ -208,7 +210,12 @@ class Observations:
 
     @classmethod
     def from_dataframe(cls, frame: pd.DataFrame) -> "Observations":
-        """Inverse of :meth:`to_dataframe`; raises ``ValueError`` naming a missing or malformed column."""
+        """Inverse of :meth:`to_dataframe`.
+
+        Raises ``ValueError`` naming a missing column, and :class:`DataError` (a ``ValueError``) naming the
+        row (position from 0) and column of the first bad cell: an empty cell, a non-integer number or text
+        in a symbol column, a negative symbol, or a mask cell that is not True/False. Integer-valued floats
+        (``3.0``) are accepted as symbols."""
         if not isinstance(frame, pd.DataFrame):
             raise TypeError(f"frame must be a pandas DataFrame, got {type(frame).__name__}")
         for name in ("query", "target", "key_0", "value_0"):
@@ -221,25 +228,15 @@ class Observations:
             raise ValueError(f"data must have columns key_0..key_{N - 1} and value_0..value_{N - 1}; missing {missing}")
         has_mask = any(c.startswith("mask_") for c in frame.columns)
 
-        def column_block(prefix: str, dtype) -> torch.Tensor:
-            block = frame[[f"{prefix}_{i}" for i in range(N)]]
-            if block.isna().any().any():
-                raise ValueError(f"data column block {prefix}_* has missing entries")
-            if dtype is bool and not all(pd.api.types.is_bool_dtype(t) for t in block.dtypes):
-                raise TypeError(f"data columns {prefix}_* must be boolean")
-            if dtype is int and not all(pd.api.types.is_integer_dtype(t) for t in block.dtypes):
-                raise TypeError(f"data columns {prefix}_* must hold integer symbols, got {list(block.dtypes.unique())}")
-            return torch.tensor(block.to_numpy(dtype=dtype))
+        def column_block(prefix: str, read) -> torch.Tensor:
+            return torch.stack([read(frame, f"{prefix}_{i}") for i in range(N)], dim=1)
 
-        for name in ("query", "target"):
-            if not pd.api.types.is_integer_dtype(frame[name].dtype):
-                raise TypeError(f"data column {name!r} must hold integers, got dtype {frame[name].dtype}")
         return cls(
-            keys=column_block("key", int),
-            values=column_block("value", int),
-            query=torch.tensor(frame["query"].to_numpy(dtype=int)),
-            target=torch.tensor(frame["target"].to_numpy(dtype=int)),
-            mask=column_block("mask", bool) if has_mask else None,
+            keys=column_block("key", _symbol_column),
+            values=column_block("value", _symbol_column),
+            query=_symbol_column(frame, "query"),
+            target=_symbol_column(frame, "target", what="an integer target"),
+            mask=column_block("mask", _mask_column) if has_mask else None,
         )
 
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -347,6 +344,58 @@ def _read_parquet_rows(path: Path, rank: int, world_size: int) -> pd.DataFrame:
         return source.schema_arrow.empty_table().to_pandas()
     table = source.read_row_groups(groups).slice(start - first_row, stop - start)
     return table.to_pandas().set_axis(range(start, stop))
+
+
+class DataError(ValueError):
+    """A bad cell of a data frame or file: ``row`` (position from 0, as in ``predict``'s ``row`` column) and
+    ``column`` name it; the message reads ``data column 'key_3' row 17: expected an integer symbol, got 2.5``."""
+
+    def __init__(self, column: str, row: int, problem: str):
+        super().__init__(f"data column {column!r} row {row}: {problem}")
+        self.column = column
+        self.row = row
+
+
+def _symbol_column(frame: pd.DataFrame, name: str, what: str = "an integer symbol") -> torch.Tensor:
+    """Column ``name`` as a LongTensor; a ``DataError`` names the first empty, non-integer or negative cell."""
+    column = frame[name]
+    if pd.api.types.is_bool_dtype(column.dtype):
+        raise DataError(name, 0, f"expected {what}, got {_cell_text(column.iloc[0])}")
+    if pd.api.types.is_integer_dtype(column.dtype):
+        values = column.to_numpy(dtype="int64")
+    else:
+        # A float column (an empty cell or a 2.5 makes pandas read the whole column as float) or text.
+        numbers = pd.to_numeric(column, errors="coerce")
+        empty = column.isna() | column.map(lambda cell: isinstance(cell, str) and not cell.strip())
+        bad = empty | numbers.isna() | (numbers % 1 != 0)
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            if empty.iloc[row]:
+                raise DataError(name, row, f"expected {what}, got an empty cell")
+            raise DataError(name, row, f"expected {what}, got {_cell_text(column.iloc[row])}")
+        values = numbers.to_numpy().astype("int64")
+    negative = values < 0
+    if negative.any():
+        row = int(negative.nonzero()[0][0])
+        raise DataError(name, row, f"expected a non-negative {what.removeprefix('an ')}, got {values[row]}")
+    return torch.from_numpy(values.copy())
+
+
+def _cell_text(cell) -> str:
+    """A cell as the user wrote it: ``2.5``, ``'abc'``, ``True`` (numpy scalars as Python numbers)."""
+    return repr(cell.item() if isinstance(cell, np.generic) else cell)
+
+
+def _mask_column(frame: pd.DataFrame, name: str) -> torch.Tensor:
+    """Mask column ``name`` as a BoolTensor; a ``DataError`` names the first cell that is not True or False."""
+    column = frame[name]
+    if not pd.api.types.is_bool_dtype(column.dtype):
+        bad = ~column.map(lambda cell: isinstance(cell, (bool, np.bool_)))
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            got = "an empty cell" if pd.isna(column.iloc[row]) else _cell_text(column.iloc[row])
+            raise DataError(name, row, f"expected True or False, got {got}")
+    return torch.from_numpy(column.to_numpy(dtype=bool).copy())
 
 
 # -- task simulators --------------------------------------------------------------------------------

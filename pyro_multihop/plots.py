@@ -37,7 +37,9 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().double().numpy()
 
 
-def plot_training_curves(metrics: pd.DataFrame, which: str = "both", title: Optional[str] = None) -> Figure:
+def plot_training_curves(
+    metrics: pd.DataFrame, which: str = "both", title: Optional[str] = None, x_label: str = "step"
+) -> Figure:
     """Training curves: the loss per observation against step and, if present, the held-out accuracy.
 
     :param metrics: a DataFrame with columns ``step`` and ``loss`` and optionally ``val_accuracy`` and
@@ -46,6 +48,9 @@ def plot_training_curves(metrics: pd.DataFrame, which: str = "both", title: Opti
         marked with dotted lines.
     :param str which: ``"loss"``, ``"accuracy"`` (needs ``val_accuracy``) or ``"both"`` (the accuracy panel
         only if there is one).
+    :param str title: figure title; say the method and the data (``"chained head, SVI on train.csv"``).
+    :param str x_label: label of the x axis, i.e. what the ``step`` column counts: ``"step"`` for SVI,
+        ``"EM iteration"`` for EM.
     """
     if not isinstance(metrics, pd.DataFrame):
         raise TypeError(f"metrics must be a pandas DataFrame, got {type(metrics).__name__}")
@@ -70,14 +75,14 @@ def plot_training_curves(metrics: pd.DataFrame, which: str = "both", title: Opti
         if len(metrics) and (metrics["loss"] > 0).all():
             axis.set_yscale("log")
             _plain_log_ticks(axis)
-        axis.set_xlabel("step")
+        axis.set_xlabel(x_label)
         axis.set_ylabel("negative log-likelihood per observation (nats)")
         axis.legend(loc="upper right")
         axis.grid(True, which="both", alpha=0.3)
     if "accuracy" in axes:
         axis = axes["accuracy"]
         axis.plot(metrics["step"], metrics["val_accuracy"], color="C2")
-        axis.set_xlabel("step")
+        axis.set_xlabel(x_label)
         axis.set_ylabel("held-out accuracy")
         axis.set_ylim(0, 1)
         axis.grid(True, alpha=0.3)
@@ -116,7 +121,7 @@ def plot_key_tables(model, title: Optional[str] = None) -> Figure:
         axis.set_title(f"hop {hop + 1}: K[{hop + 1}]")
         axis.set_xlabel("query symbol")
         axis.set_ylabel("key symbol")
-    figure.colorbar(image, ax=list(axes), shrink=0.8)
+    figure.colorbar(image, ax=list(axes), shrink=0.8, label="key table entry K[l][key, query]")
     if title:
         figure.suptitle(title)
     return figure
@@ -133,7 +138,7 @@ def plot_emission(model, title: Optional[str] = None) -> Figure:
     axis.set_xlabel("target")
     axis.set_ylabel("value symbol")
     axis.set_title(title or "emission p(target | value)")
-    figure.colorbar(image, ax=axis, shrink=0.8)
+    figure.colorbar(image, ax=axis, shrink=0.8, label="p(target | value)")
     return figure
 
 
@@ -195,7 +200,7 @@ def plot_embeddings(model, title: Optional[str] = None) -> Figure:
     heat_axis.set_xlabel("embedding dimension")
     heat_axis.set_ylabel("symbol")
     heat_axis.set_title("posterior means")
-    figure.colorbar(image, ax=heat_axis, shrink=0.8)
+    figure.colorbar(image, ax=heat_axis, shrink=0.8, label="posterior mean")
     centred = mean - mean.mean(0, keepdims=True)
     if centred.shape[1] >= 2 and np.abs(centred).max() > 0:
         _, _, axes_t = np.linalg.svd(centred, full_matrices=False)
@@ -206,9 +211,10 @@ def plot_embeddings(model, title: Optional[str] = None) -> Figure:
     scatter_axis.scatter(projected[:, 0], projected[:, 1], s=size, alpha=0.5)
     for symbol, (x, y) in enumerate(projected):
         scatter_axis.annotate(str(symbol), (x, y), fontsize=7, ha="center", va="center")
+    scatter_axis.margins(0.12)  # room for the largest markers and the labels at the edges
     scatter_axis.set_xlabel("principal axis 1")
     scatter_axis.set_ylabel("principal axis 2")
-    scatter_axis.set_title("means, first two principal axes (size: posterior sd)")
+    scatter_axis.set_title("means on the first two principal axes\n(marker size: posterior sd)")
     if title:
         figure.suptitle(title)
     return figure

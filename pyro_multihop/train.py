@@ -18,8 +18,9 @@ Settings come, in this order, from the keyword arguments of :func:`fit_svi`, fro
 ``clip_norm``               ClippedAdam's element-wise clip of the per-observation gradient
 ``betas``                   Adam's moment decay rates
 ``weight_decay``            L2 penalty on the per-observation loss, a float for every parameter or
-                            ``{parameter name: float}`` (names as in ``model.named_parameters()``,
-                            the ``_unconstrained`` suffix optional); a Gaussian prior of precision
+                            ``{parameter name: float}`` (names as in ``model.named_parameters()``;
+                            a constrained parameter such as ``guide.scale`` also by its name
+                            without Pyro's ``_unconstrained`` suffix); a Gaussian prior of precision
                             ``n * weight_decay`` on those parameters
 ``log_every``               steps between rows of the returned metrics
 ``divergence_threshold``    nats per observation above the best full-data loss that count as a
@@ -48,9 +49,12 @@ whose ``model.svi_kwargs(step)`` agree (a KL-annealed objective changes every st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections import defaultdict
 from typing import Callable, Optional, Union
@@ -64,10 +68,10 @@ from pyro import poutine
 from tqdm.auto import tqdm
 
 from . import distributed
-from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, current_parameter_names, load_parameters, read_checkpoint, save_checkpoint
 from .data import Observations
 
-__all__ = ["SVI_DEFAULTS", "fit_svi", "svi_settings"]
+__all__ = ["SVI_DEFAULTS", "TrainingInterrupted", "fit_svi", "svi_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -370,6 +374,50 @@ def _model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+# -- interrupts ----------------------------------------------------------------------------------------
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped :func:`fit_svi` after a completed step; the checkpoint holds that step.
+
+    ``signum`` is the signal, ``step`` the steps completed, ``checkpoint`` the file written;
+    ``exit_status`` is the conventional ``128 + signum`` (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, signum: int, step: int, checkpoint):
+        super().__init__(f"{signal.Signals(signum).name} after step {step}; checkpoint written to {checkpoint}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.exit_status = 128 + signum
+
+
+@contextlib.contextmanager
+def _deferred_interrupts(enabled: bool):
+    """While active, SIGINT and SIGTERM only set a flag (``received[0]`` = the signal number) that the
+    training loop checks between steps; a second signal interrupts at once. Only in the main thread,
+    where Python delivers signals; the previous handlers are restored on exit."""
+    received = [None]
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum, frame):
+        if received[0] is not None:
+            raise KeyboardInterrupt
+        received[0] = signum
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _agreed_signal(signum, checkpoint):
+    """The signal to stop on: under a process group with a checkpoint, the one any rank received (one small
+    all-reduce a step), so that every rank saves and stops at the same step (the save is collective)."""
+    if checkpoint is None or not distributed.is_distributed():
+        return signum
+    return distributed.all_reduce_max(signum or 0) or None
+
+
 # -- the fit -----------------------------------------------------------------------------------------------
 def fit_svi(
     model,
@@ -416,6 +464,9 @@ def fit_svi(
         rate, random state and guard state are restored, so the result equals that of an uninterrupted run
         (bit for bit without ``jit``; tracing draws from the random stream when it compiles). A finished
         checkpoint is loaded into ``model`` and its metrics are returned without training.
+    :raises TrainingInterrupted: with a ``checkpoint``, SIGINT (Ctrl-C) or SIGTERM during the loop lets the
+        current step finish, writes the checkpoint at that step and raises this ``KeyboardInterrupt``
+        (resuming from it gives the uninterrupted result). A second signal interrupts at once.
     :returns: a DataFrame with one row per logged step: ``step`` (steps taken), ``loss`` (full-data loss
         per observation), ``lr``, ``seconds`` and, with ``val``, ``val_log_likelihood`` and
         ``val_accuracy``. ``attrs`` holds ``settings``, ``best_step``, ``best_loss``, ``final_loss`` (loss
@@ -495,6 +546,8 @@ def _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_
         if payload["optimizer"] is not None:
             optimizer.load_state_dict(payload["optimizer"])
         guard.load(training["guard"])
+        if guard.best_state is not None:
+            guard.best_state = current_parameter_names(model, guard.best_state)
         _set_rng_state(_own_rng_state(training, checkpoint), device)
         rows = list(training["rows"])
         start = resumed_from = int(payload["step"])
@@ -538,8 +591,13 @@ def _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_
 
     stopped = False
     show = progress and distributed.rank() == 0
-    with tqdm(total=num_steps, initial=start, disable=not show, desc="svi", unit="step", leave=False) as bar:
+    with _deferred_interrupts(checkpoint is not None) as received, \
+            tqdm(total=num_steps, initial=start, disable=not show, desc="svi", unit="step", leave=False) as bar:
         for step in range(start, num_steps):
+            signum = _agreed_signal(received[0], checkpoint)
+            if signum is not None:  # steps 0..step-1 are complete: save them and stop
+                save(step)
+                raise TrainingInterrupted(signum, step, checkpoint)
             optimizer.zero_grad(set_to_none=True)
             objective = _objective_key(model, step)
             training_loss = loss.train(step)
@@ -567,6 +625,7 @@ def _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_
         final_loss = loss.full(last)
         diverged = guard.observe(last, final_loss, _objective_key(model, last), model)
         log_row(last, final_loss)
+        late_signal = _agreed_signal(received[0], checkpoint)  # arrived after the last step: finish, save, report
     restored = False
     if guard.best_state is not None and (diverged or guard.best_loss < final_loss):
         model.load_state_dict(guard.best_state)
@@ -574,6 +633,8 @@ def _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_
         logger.info("restored the best parameters (step %d, loss %.4g; last loss %.4g)", guard.best_step, guard.best_loss, final_loss)
     if checkpoint is not None:
         save(last, finished=True, final_loss=final_loss, restored=restored)
+    if late_signal is not None:
+        raise TrainingInterrupted(late_signal, last, checkpoint)
     return _metrics(rows, settings, guard, final_loss, restored, resumed_from)
 
 

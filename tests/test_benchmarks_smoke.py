@@ -69,3 +69,16 @@ def test_engine_benchmark_smoke(tmp_path):
     assert "Log-log slopes" in (tmp_path / "engine_scaling.md").read_text()
     peer = (tmp_path / "engine_peer.md").read_text()
     assert "torch-struct" in peer
+
+
+def test_threads_benchmark_smoke(tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "threads.py"), "--smoke", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    table = (tmp_path / "threads.md").read_text()
+    for row in ("| train svi |", "| train em |", "| train em (tied) |", "| evaluate |", "| predict |", "| simulate |"):
+        assert row in table
+    frame = pd.read_csv(tmp_path / "threads.csv")
+    assert sorted(set(frame["threads"])) == [1, 2] and (frame["ms"] > 0).all()

@@ -45,8 +45,8 @@ def test_round_trip_restores_model_dtype_optimizer_and_extra(tmp_path, dtype):
     fresh = ClippedAdam(restored.parameters(), lr=1.0)
     fresh.load_state_dict(state["optimizer"])
     assert fresh.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
-    original_moments = optimizer.state[head.key_tables_unconstrained]["exp_avg_sq"]
-    assert torch.equal(fresh.state[restored.key_tables_unconstrained]["exp_avg_sq"], original_moments)
+    original_moments = optimizer.state[head.key_tables]["exp_avg_sq"]
+    assert torch.equal(fresh.state[restored.key_tables]["exp_avg_sq"], original_moments)
 
 
 def test_model_without_optimizer_and_predictions_agree(tmp_path):
@@ -92,7 +92,7 @@ def test_loading_is_weights_only(tmp_path):
     "content, match",
     [
         (None, "does not exist"),
-        (b"this is not a checkpoint", "not a readable checkpoint"),
+        (b"this is not a checkpoint", "is not a checkpoint"),
         ({"some": "dict"}, "not a pyro-multihop checkpoint"),
         ({"format": "pyro-multihop-checkpoint", "version": 99}, "version"),
         ({"format": "pyro-multihop-checkpoint", "version": 1, "model_class": "ChainedAttention"}, "lacks"),
@@ -108,6 +108,45 @@ def test_bad_files_raise_checkpoint_error(tmp_path, content, match):
     with pytest.raises(CheckpointError, match=match):
         load_checkpoint(path)
     assert issubclass(CheckpointError, ValueError)
+
+
+@pytest.mark.parametrize("keep", [0.02, 0.5, 0.98], ids=["head", "half", "tail-cut"])
+def test_a_truncated_checkpoint_is_one_short_sentence(tmp_path, keep):
+    head, optimizer = trained_head()
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head, optimizer, step=3)
+    data = path.read_bytes()
+    path.write_bytes(data[: max(4, int(keep * len(data)))])
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == f"checkpoint {str(path)!r} is truncated or damaged"
+
+
+def test_a_data_file_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / "train.csv"
+    transitive_task(5, seed=0).save(path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value) == f"{str(path)!r} is not a checkpoint (train writes OUT/checkpoint.pt)"
+
+
+@pytest.mark.parametrize("head_class", ["ChainedAttention", "TiedEmbeddingAttention"])
+def test_checkpoints_with_the_old_unconstrained_names_still_load(tmp_path, head_class):
+    from pyro_multihop import TiedEmbeddingAttention
+
+    head = trained_head()[0] if head_class == "ChainedAttention" else TiedEmbeddingAttention(6, 2, 6, seed=3)
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head)
+    payload = read_checkpoint(path)
+    old_names = {"key_tables": "key_tables_unconstrained", "emission_logits": "emission_logits_unconstrained",
+                 "guide.loc": "guide.loc_unconstrained"}
+    payload["state_dict"] = {old_names.get(k, k): v for k, v in payload["state_dict"].items()}
+    assert any(k.endswith("_unconstrained") for k in payload["state_dict"])
+    torch.save(payload, path)
+    restored, _ = load_checkpoint(path)
+    assert restored.state_dict().keys() == head.state_dict().keys()
+    for name, value in head.state_dict().items():
+        assert torch.equal(restored.state_dict()[name], value), name
 
 
 def test_unknown_class_and_bad_config(tmp_path):
@@ -159,7 +198,7 @@ def test_tied_head_round_trip(tmp_path):
     tied = pytest.importorskip("pyro_multihop.models.tied")
     head = tied.TiedEmbeddingAttention(10, 3, 10, seed=0).double()
     with torch.no_grad():
-        head.emission_logits_unconstrained.normal_()
+        head.emission_logits.normal_()
     save_checkpoint(tmp_path / "tied.pt", head)
     restored, state = load_checkpoint(tmp_path / "tied.pt")
     assert type(restored).__name__ == "TiedEmbeddingAttention" and state["dtype"] == "float64"

@@ -139,6 +139,12 @@ def test_errors_are_one_line(task, tmp_path, capsys):
     main(["simulate", "-n", "5", "--symbols", "40", "--out", str(big_symbols)])
     ckpt = tmp_path / "svi" / "checkpoint.pt"
     main(["train", "--data", str(train), "--steps", "2", "--no-progress", "--out", str(ckpt.parent)])
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(ckpt.read_bytes()[:1000])
+    float_csv = tmp_path / "floats.csv"
+    frame = pd.read_csv(train).astype({"key_3": float})
+    frame.loc[1, "key_3"] = 2.5
+    frame.to_csv(float_csv, index=False)
     capsys.readouterr()
     cases = [
         (["train", "--data", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x")], "does not exist"),
@@ -148,7 +154,10 @@ def test_errors_are_one_line(task, tmp_path, capsys):
         (["train", "--data", str(train), "--device", "warp-drive", "--out", str(tmp_path / "x")], "device"),
         (["train", "--data", str(train), "--method", "em", "--lr", "0.1", "--out", str(tmp_path / "x")], "svi only"),
         (["simulate", "--out", str(tmp_path / "data.txt")], ".csv or .parquet"),
-        (["evaluate", "--checkpoint", str(garbage), "--data", str(test)], "not a readable checkpoint"),
+        (["evaluate", "--checkpoint", str(garbage), "--data", str(test)], "is not a checkpoint"),
+        (["evaluate", "--checkpoint", str(train), "--data", str(test)], f"{str(train)!r} is not a checkpoint"),
+        (["evaluate", "--checkpoint", str(truncated), "--data", str(test)], "is truncated or damaged"),
+        (["train", "--data", str(float_csv), "--out", str(tmp_path / "x")], "column 'key_3' row 1: expected an integer symbol, got 2.5"),
         (["evaluate", "--checkpoint", str(tmp_path / "none.pt"), "--data", str(test)], "does not exist"),
         (["evaluate", "--checkpoint", str(ckpt), "--data", str(big_symbols)], "does not fit"),
         (["predict", "--checkpoint", str(ckpt), "--data", str(test), "--out", str(tmp_path / "p.json")], ".csv"),
@@ -182,3 +191,87 @@ def test_demo_script_smoke(tmp_path):
     assert table["method"].tolist() == ["SVI", "EM", "generating structure"]
     for name in ("comparison.png", "svi/heldout.json", "em/heldout.json", "svi/figures/hop_marginals.png", "em/predictions.csv"):
         assert (tmp_path / "demo" / name).is_file(), name
+
+
+# -- interrupts: a real train subprocess, SIGTERM / SIGINT, resume ----------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+INTERRUPT_STEPS = 120
+
+
+def _train_command(data, out, *extra):
+    return [sys.executable, "-m", "pyro_multihop", "train", "--data", str(data), "--steps", str(INTERRUPT_STEPS),
+            "--log-every", "10", "--checkpoint-every", "100000", "--threads", "1", "--out", str(out), *extra]
+
+
+def _environment():
+    import os
+
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _interrupt_after_progress(command, signum, min_step=10):
+    """Start ``command``, read its progress bar on stderr until it shows ``min_step`` steps, send ``signum``."""
+    import os
+    import re
+    import signal as signals
+    import time
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_environment(), cwd=ROOT)
+    seen, deadline = b"", time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            chunk = os.read(process.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            seen += chunk
+            steps = [int(m) for m in re.findall(rb"(\d+)/%d" % INTERRUPT_STEPS, seen)]
+            if steps and max(steps) >= min_step:
+                process.send_signal(signum)
+                break
+        out, err = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert steps and max(steps) >= min_step, seen.decode(errors="replace")[-500:]
+    assert signum in (signals.SIGINT, signals.SIGTERM)
+    return process.returncode, out.decode(), (seen + err).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(task, tmp_path_factory):
+    folder, train, _ = task
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = subprocess.run(_train_command(train, out, "--no-progress"), capture_output=True, text=True,
+                            env=_environment(), cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.parametrize("signal_name, status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_an_interrupted_train_writes_a_checkpoint_and_resumes_bit_identically(task, uninterrupted, tmp_path,
+                                                                             signal_name, status):
+    import signal as signals
+
+    folder, train, _ = task
+    out = tmp_path / "run"
+    code, _, err = _interrupt_after_progress(_train_command(train, out), getattr(signals, signal_name))
+    assert code == status, err[-2000:]
+    interrupted_at = load_checkpoint(out / "checkpoint.pt")[1]["step"]
+    assert 10 <= interrupted_at < INTERRUPT_STEPS
+    assert f"interrupted by {signal_name} after step {interrupted_at}; checkpoint written to" in err
+    assert not (out / "metrics.csv").exists()  # it stopped inside the loop, before the outputs of a finished run
+
+    resumed = subprocess.run(_train_command(train, out, "--no-progress", "--resume"), capture_output=True, text=True,
+                             env=_environment(), cwd=ROOT, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[0] == f"resuming from step {interrupted_at} of {out / 'checkpoint.pt'}"
+
+    reference, _ = load_checkpoint(uninterrupted / "checkpoint.pt")
+    result, state = load_checkpoint(out / "checkpoint.pt")
+    assert state["step"] == INTERRUPT_STEPS
+    for name, value in reference.state_dict().items():
+        assert torch.equal(result.state_dict()[name], value), name
+    expected = pd.read_csv(uninterrupted / "metrics.csv").drop(columns="seconds")
+    pd.testing.assert_frame_equal(pd.read_csv(out / "metrics.csv").drop(columns="seconds"), expected, check_exact=True)
+    assert json.loads((out / "summary.json").read_text())["train"] == json.loads(
+        (uninterrupted / "summary.json").read_text())["train"]

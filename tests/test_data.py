@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pyro_multihop import Observations, chain_task, induction_task, transitive_task
+from pyro_multihop.data import DataError
 
 
 def small_obs(masked=False):
@@ -133,8 +134,48 @@ def test_file_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="must have a column 'key_0'"):
         Observations.load(tmp_path / "nokeys.csv")
     (tmp_path / "floats.csv").write_text("query,target,key_0,value_0\n1.5,2,0,1\n")
-    with pytest.raises(TypeError, match="'query' must hold integers"):
+    with pytest.raises(DataError, match="data column 'query' row 0: expected an integer symbol, got 1.5"):
         Observations.load(tmp_path / "floats.csv")
+
+
+def _csv_with_cell(tmp_path, column, row, text):
+    """The CSV of a small task with the cell (row, column) replaced by ``text``, as a user's editor would."""
+    frame = transitive_task(6, num_symbols=12, pairs=2, seed=0).to_dataframe().astype(str)
+    frame.loc[row, column] = text
+    path = tmp_path / "edited.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize(
+    "column, row, text, problem",
+    [
+        ("key_1", 2, "2.5", "expected an integer symbol, got 2.5"),
+        ("value_0", 1, "seven", "expected an integer symbol, got 'seven'"),
+        ("query", 3, "", "expected an integer symbol, got an empty cell"),
+        ("key_0", 0, "", "expected an integer symbol, got an empty cell"),
+        ("target", 2, "x", "expected an integer target, got 'x'"),
+        ("value_1", 3, "-4", "expected a non-negative integer symbol, got -4"),
+    ],
+    ids=["float", "text", "empty-query", "empty-key", "text-target", "negative"],
+)
+def test_a_bad_cell_names_its_row_and_column(tmp_path, column, row, text, problem):
+    path = _csv_with_cell(tmp_path, column, row, text)
+    with pytest.raises(DataError) as caught:
+        Observations.load(path)
+    assert str(caught.value) == f"data column {column!r} row {row}: {problem}"
+    assert (caught.value.row, caught.value.column) == (row, column)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_integer_valued_floats_are_symbols_and_mask_cells_must_be_booleans():
+    obs = small_obs(masked=True)
+    frame = obs.to_dataframe()
+    assert Observations.from_dataframe(frame.astype({"key_0": float, "target": float})) == obs
+    frame = frame.astype({"mask_1": object})
+    frame.loc[1, "mask_1"] = "maybe"
+    with pytest.raises(DataError, match="data column 'mask_1' row 1: expected True or False, got 'maybe'"):
+        Observations.from_dataframe(frame)
 
 
 def test_from_dataframe_rejects_missing_value_columns():

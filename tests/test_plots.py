@@ -118,3 +118,59 @@ def test_no_pyplot_figures_are_left_open(head):
     plot_key_tables(head)
     plot_training_curves(metrics_frame())
     assert plt.get_fignums() == before
+
+
+def _inside_figure(figure):
+    """Everything each axis draws (tick labels, axis labels, title; colourbars included) lies inside the
+    canvas that ``savefig`` writes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    frame = figure.bbox
+    for axis in figure.axes:
+        box = axis.get_tightbbox(renderer)
+        assert frame.x0 - 0.5 <= box.x0 and box.x1 <= frame.x1 + 0.5, (axis, box, frame.bounds)
+        assert frame.y0 - 0.5 <= box.y0 and box.y1 <= frame.y1 + 0.5, (axis, box, frame.bounds)
+
+
+def test_colourbars_are_labelled_and_their_ticks_stay_inside_the_figure():
+    head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
+    with torch.no_grad():
+        head.key_tables.sub_(0.75)  # negative entries: the colourbar gets wide '−0.75' tick labels
+    for figure, label in (
+        (plot_key_tables(head, title="ChainedAttention (SVI, run/checkpoint.pt): key tables"), "key table entry"),
+        (plot_emission(head), "p(target | value)"),
+    ):
+        colourbar = figure.axes[-1]
+        assert label in colourbar.get_ylabel()
+        _inside_figure(figure)
+    from pyro_multihop import TiedEmbeddingAttention
+
+    figure = plot_embeddings(TiedEmbeddingAttention(10, 4, 10, seed=0))
+    assert any(axis.get_ylabel() == "posterior mean" for axis in figure.axes)
+    _inside_figure(figure)
+
+
+def test_training_curves_take_the_x_label_em_curves_count_iterations():
+    figure = plot_training_curves(metrics_frame(), x_label="EM iteration")
+    assert [axis.get_xlabel() for axis in figure.axes] == ["EM iteration", "EM iteration"]
+    assert plot_training_curves(metrics_frame()).axes[0].get_xlabel() == "step"
+
+
+def test_cli_titles_name_the_method_and_the_data():
+    import argparse
+    from pathlib import Path
+
+    from pyro_multihop.cli import _training_title
+
+    val = transitive_task(7, seed=1)
+    for model, method, expected_method, expected_x in (
+        ("chained", "svi", "SVI", "step"), ("chained", "em", "EM", "EM iteration"),
+        ("tied", "em", "variational EM", "variational EM iteration"),
+    ):
+        args = argparse.Namespace(model=model, method=method, data=Path("runs/train.csv"), val=Path("test.csv"))
+        title, x_label = _training_title(args, 20, val)
+        assert title == f"{model} head, {expected_method} on train.csv (20 rows); held-out test.csv (7 rows)"
+        assert x_label == expected_x

@@ -3,6 +3,8 @@ learning defaults on the transitive task, and the stability benchmark at smoke s
 
 import logging
 import math
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,8 @@ import pytest
 import torch
 
 from pyro_multihop import ChainedAttention, transitive_task
-from pyro_multihop.train import SVI_DEFAULTS, _Loss, fit_svi, svi_settings
+from pyro_multihop.checkpoint import load_checkpoint
+from pyro_multihop.train import SVI_DEFAULTS, TrainingInterrupted, _Loss, fit_svi, svi_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +55,27 @@ def test_settings_merge_head_defaults_and_arguments():
     assert settings["lr"] == 0.01
     assert set(settings) == set(SVI_DEFAULTS)
     assert settings["weight_decay"] == {"key_tables": pytest.approx(3e-3)}  # the chained head's measured default
+
+
+def test_weight_decay_names_are_the_parameter_names():
+    """Unconstrained parameters by their plain names; a constrained one (the tied guide's scale) by its name
+    with or without Pyro's ``_unconstrained`` suffix; each group gets its own decay."""
+    from pyro_multihop import TiedEmbeddingAttention
+    from pyro_multihop.train import _parameter_groups
+
+    head = small_head()
+    assert [name for name, _ in head.named_parameters()] == ["key_tables", "emission_logits"]
+    groups = _parameter_groups(head, {"key_tables": 3e-3})
+    decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    assert decay_of == {id(head.key_tables): 3e-3, id(head.emission_logits): 0.0}
+    tied = TiedEmbeddingAttention(6, 2, 6, seed=0)
+    for name in ("guide.scale", "guide.scale_unconstrained"):
+        groups = _parameter_groups(tied, {name: 1e-2, "guide.loc": 1e-3})
+        decay_of = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+        assert decay_of == {id(tied.guide.loc): 1e-3, id(tied.guide.scale_unconstrained): 1e-2,
+                            id(tied.emission_logits): 0.0}
+    with pytest.raises(ValueError, match=r"key_tables_unconstrained.*\['emission_logits', 'key_tables'\]"):
+        _parameter_groups(head, {"key_tables_unconstrained": 1e-3})
 
 
 class _Fussy(ChainedAttention):
@@ -141,7 +165,7 @@ def test_divergence_guard_restores_best_and_lowers_lr(caplog):
     def sabotage(step, model, row):
         if step == 20:
             with torch.no_grad():
-                model.emission_logits_unconstrained.mul_(-3.0)  # the emission now avoids the right targets
+                model.emission_logits.mul_(-3.0)  # the emission now avoids the right targets
 
     with caplog.at_level(logging.WARNING, logger="pyro_multihop.train"):
         metrics = fit_svi(head, obs, num_steps=40, log_every=10, callback=sabotage, progress=False)
@@ -160,7 +184,7 @@ def test_best_parameters_restored_at_the_end():
     def sabotage(step, model, row):
         if step == 20:
             with torch.no_grad():
-                model.emission_logits_unconstrained.mul_(-3.0)
+                model.emission_logits.mul_(-3.0)
 
     metrics = fit_svi(head, obs, num_steps=30, log_every=10, callback=sabotage, divergence_threshold=math.inf, progress=False)
     attrs = metrics.attrs
@@ -260,3 +284,48 @@ def test_stability_benchmark_smoke(tmp_path):
     traces = pd.read_csv(tmp_path / "svi_stability_traces.csv")
     assert {"grad_norm_hop1", "table_norm_hop2", "adam_step_over_lr_median"} <= set(traces.columns)
     assert "| run | init |" in (tmp_path / "svi_stability.md").read_text()
+
+
+def _send_at(signum, at_step):
+    def callback(step, model, row):
+        if step == at_step:
+            os.kill(os.getpid(), signum)
+
+    return callback
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_the_last_completed_step_and_restores_the_handlers(tmp_path, signum):
+    obs = transitive_task(60, seed=0)
+    path = tmp_path / "checkpoint.pt"
+    before = signal.getsignal(signum)
+    with pytest.raises(TrainingInterrupted) as caught:
+        fit_svi(small_head(), obs, num_steps=30, log_every=10, progress=False, checkpoint=path,
+                checkpoint_every=1000, callback=_send_at(signum, 10))
+    assert (caught.value.step, caught.value.signum, caught.value.exit_status) == (11, signum, 128 + signum)
+    assert isinstance(caught.value, KeyboardInterrupt)
+    assert load_checkpoint(path)[1]["step"] == 11
+    assert signal.getsignal(signum) is before
+    # Resumed, the run ends where an uninterrupted one does.
+    resumed, reference = small_head(), small_head()
+    metrics = fit_svi(resumed, obs, num_steps=30, log_every=10, progress=False, checkpoint=path)
+    assert metrics.attrs["resumed_from"] == 11
+    fit_svi(reference, obs, num_steps=30, log_every=10, progress=False)
+    for name, value in reference.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
+
+
+def test_a_signal_after_the_last_step_finishes_the_run_then_reports_it(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(TrainingInterrupted) as caught:
+        fit_svi(small_head(), transitive_task(60, seed=0), num_steps=20, log_every=10, progress=False,
+                checkpoint=path, callback=_send_at(signal.SIGTERM, 20))  # the final row is logged at step 20
+    assert caught.value.step == 20
+    assert load_checkpoint(path)[1]["extra"]["svi"]["finished"]
+
+
+def test_without_a_checkpoint_ctrl_c_interrupts_at_once():
+    with pytest.raises(KeyboardInterrupt) as caught:
+        fit_svi(small_head(), transitive_task(60, seed=0), num_steps=30, log_every=10, progress=False,
+                callback=_send_at(signal.SIGINT, 10))
+    assert not isinstance(caught.value, TrainingInterrupted)

@@ -206,8 +206,8 @@ def run_babi(
 
 
 # -- the command ----------------------------------------------------------------------------------------------
-def add_babi_parser(commands, positive_int=int, positive_float=float) -> None:
-    """Register ``pyro-multihop babi`` on the command line's sub-parsers."""
+def add_babi_parser(commands, positive_int=int, positive_float=float):
+    """Register ``pyro-multihop babi`` on the command line's sub-parsers; returns its parser."""
     from .babi import DEFAULT_DATA_DIR
 
     babi = commands.add_parser(
@@ -235,6 +235,7 @@ def add_babi_parser(commands, positive_int=int, positive_float=float) -> None:
     babi.add_argument("--max-train", type=positive_int, default=None, help="use only the first N training questions")
     babi.add_argument("--sigma2", type=positive_float, default=0.1, help="gate variance (default: 0.1)")
     babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    return babi
 
 
 def babi_command(args) -> int:

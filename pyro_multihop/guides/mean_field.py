@@ -46,6 +46,9 @@ class MeanFieldNormalGuide(PyroModule):
     :param scale: initial standard deviations, the shape of ``loc``, positive. Stored through a softplus
         (``constraints.softplus_positive``, as ``AutoNormal`` does).
 
+    ``named_parameters()``: ``loc`` and ``scale_unconstrained`` (the stored, unconstrained value;
+    ``guide.scale`` is its softplus).
+
     Called with the model's arguments (ignored) and a keyword ``kl_weight``, it draws the site (by
     reparameterisation) with its log-density multiplied by ``kl_weight``, and returns the draw.
     """
@@ -65,7 +68,9 @@ class MeanFieldNormalGuide(PyroModule):
         if not torch.isfinite(scale).all() or (scale <= 0).any():
             raise ValueError("scale must be positive and finite")
         self.site = site
-        self.loc = PyroParam(loc.detach().clone())
+        # loc is unconstrained, a plain nn.Parameter named "loc"; scale is positive, a PyroParam that Pyro
+        # stores as "scale_unconstrained" (the softplus inverse) and reads back constrained as self.scale.
+        self.loc = torch.nn.Parameter(loc.detach().clone())
         self.scale = PyroParam(scale.detach().clone(), constraint=constraints.softplus_positive)
 
     def distribution(self) -> dist.TorchDistribution:

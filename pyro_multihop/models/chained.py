@@ -35,7 +35,7 @@ from typing import Optional
 import pyro
 import torch
 from pyro.infer import config_enumerate
-from pyro.nn import PyroParam, pyro_method
+from pyro.nn import pyro_method
 
 from ..data import Observations
 from ..distributions import CollapsedHopChain
@@ -128,8 +128,9 @@ class ChainedAttention(HopAttentionHead):
         and ``O(L N^2)``. Order-dependent tasks (bAbI: "where is X *now*") need it. :class:`ChainedEM` has no
         closed-form M-step for these logits and refuses such a model.
 
-    Parameters ``key_tables`` (unconstrained) and ``emission`` (a softmax of ``emission_logits``) are
-    Pyro parameters. Example::
+    Parameters (``named_parameters()`` and ``state_dict()`` names): ``key_tables`` ``(L, S, S)`` and
+    ``emission_logits`` ``(S, T)`` (``emission`` is their row softmax), both unconstrained
+    ``torch.nn.Parameter`` objects that Pyro registers under the same names. Example::
 
         >>> import pyro
         >>> from pyro.infer import TraceEnum_ELBO
@@ -179,13 +180,15 @@ class ChainedAttention(HopAttentionHead):
             emission_logits = torch.zeros(num_symbols, num_targets, dtype=dtype)
         else:
             emission_logits = emission_to_logits(emission, (num_symbols, num_targets)).to(dtype)
-        self.key_tables = PyroParam(key_tables.detach().clone())
-        self.emission_logits = PyroParam(emission_logits)
+        # Unconstrained, so plain nn.Parameters: Pyro names them "key_tables" and "emission_logits" (a
+        # PyroParam would store them as "key_tables_unconstrained"); see docs/newcomer.md.
+        self.key_tables = torch.nn.Parameter(key_tables.detach().clone())
+        self.emission_logits = torch.nn.Parameter(emission_logits)
         self.max_distance = None if max_distance is None else check_positive_int("max_distance", max_distance)
         if self.max_distance is not None:
-            self.age_slopes = PyroParam(torch.zeros(n_hops, dtype=dtype))
-            self.offset_slopes = PyroParam(torch.zeros(n_hops - 1, dtype=dtype))
-            self.direction_logits = PyroParam(torch.zeros(n_hops - 1, num_symbols, dtype=dtype))
+            self.age_slopes = torch.nn.Parameter(torch.zeros(n_hops, dtype=dtype))
+            self.offset_slopes = torch.nn.Parameter(torch.zeros(n_hops - 1, dtype=dtype))
+            self.direction_logits = torch.nn.Parameter(torch.zeros(n_hops - 1, num_symbols, dtype=dtype))
 
     @property
     def emission(self) -> torch.Tensor:

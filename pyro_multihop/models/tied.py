@@ -55,7 +55,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import config_enumerate
-from pyro.nn import PyroParam, pyro_method
+from pyro.nn import pyro_method
 
 from .. import engine
 from ..checks import check_number
@@ -154,7 +154,9 @@ class TiedEmbeddingAttention(HopAttentionHead):
     :param seed: seed of the random initial means (None: drawn from torch's global generator).
 
     Parameters: ``guide.loc``, ``guide.scale`` (the posterior, in the submodule ``guide``) and
-    ``emission_logits`` (``emission`` is their row softmax). Example::
+    ``emission_logits`` (``emission`` is their row softmax). ``named_parameters()`` reports
+    ``guide.loc``, ``guide.scale_unconstrained`` (the scale is positive: Pyro stores its softplus
+    inverse, and ``head.guide.scale`` reads the constrained value) and ``emission_logits``. Example::
 
         >>> import pyro
         >>> from pyro.infer import TraceEnum_ELBO
@@ -216,7 +218,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
         # Buffers, not parameters: the prior's location and scale (dtype and device follow the module).
         self.register_buffer("prior_loc", torch.zeros(shape, dtype=dtype), persistent=False)
         self.register_buffer("prior_scale", torch.ones(shape, dtype=dtype), persistent=False)
-        self.emission_logits = PyroParam(emission_logits)
+        self.emission_logits = torch.nn.Parameter(emission_logits)  # unconstrained: named "emission_logits"
 
     # -- parameters ------------------------------------------------------------------------------------
     @property

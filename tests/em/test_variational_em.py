@@ -173,3 +173,22 @@ def test_reference_reaches_the_seeds_accuracy_on_the_transitive_task():
     assert spread > 2.0
     # The annealed ELBO estimate rose from its start.
     assert float(vem.lower_bounds_[-10:].mean()) > float(vem.lower_bounds_[:10].mean()) + 100 * math.log(2)
+
+
+def test_default_stopping_rule_returns_a_converged_posterior():
+    """The default rule waits for the KL ramp, then for the windowed ELBO to settle: its posterior scales are
+    within 5% of a long run's (600 iterations, never stopping early). Stopping right after the ramp, as the
+    old rule did, leaves them far from it (the variances are still growing), so the comparison has teeth."""
+    train = transitive_task(200, num_symbols=12, pairs=3, seed=0)
+    default = TiedEmbeddingVEM(12, 4, 12, seed=0).fit(train)
+    assert default.converged_ and default.n_iter_ >= default.anneal_iters + 2 * default.window
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        long_run = TiedEmbeddingVEM(12, 4, 12, seed=0, max_iters=600, tol=0.0).fit(train)
+        after_ramp = TiedEmbeddingVEM(12, 4, 12, seed=0, max_iters=110, tol=0.0).fit(train)
+    reference = float(long_run.scales_.mean())
+    assert float(default.scales_.mean()) == pytest.approx(reference, rel=0.05)
+    assert float(after_ramp.scales_.mean()) < 0.8 * reference
+    # Most entries agree too, not only the mean.
+    ratio = default.scales_ / long_run.scales_
+    assert float(((ratio - 1).abs() < 0.25).double().mean()) > 0.9

@@ -110,12 +110,12 @@ def test_guide_draws_one_reparameterised_site_with_its_parameters():
     loc, scale = torch.randn(4, 3), torch.rand(4, 3) + 0.1
     guide = MeanFieldNormalGuide("embeddings", loc, scale)
     assert torch.allclose(guide.loc, loc) and torch.allclose(guide.scale, scale, rtol=1e-5)
-    assert {name for name, _ in guide.named_parameters()} == {"loc_unconstrained", "scale_unconstrained"}
+    assert {name for name, _ in guide.named_parameters()} == {"loc", "scale_unconstrained"}
     trace = poutine.trace(guide).get_trace("ignored", subsample_size=None, kl_weight=0.25)
     site = trace.nodes["embeddings"]
     assert site["scale"] == 0.25 and site["fn"].event_shape == (4, 3) and site["fn"].has_rsample
     site["value"].sum().backward()
-    assert torch.allclose(guide.loc_unconstrained.grad, torch.ones(4, 3))
+    assert torch.allclose(guide.loc.grad, torch.ones(4, 3))
 
 
 def test_guide_kl_matches_torch_and_draws_match_their_definition():
