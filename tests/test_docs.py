@@ -6,6 +6,7 @@ docstring must be valid reStructuredText, and the notebooks are rendered from th
 """
 
 import os
+import inspect
 import re
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_api_reference_documents_the_public_api(site):
 
     out, _ = site
     for name in pyro_multihop.__all__:
+        if inspect.ismodule(getattr(pyro_multihop, name)):  # a submodule (engine, datasets): its own page
+            page = out / "generated" / f"pyro_multihop.{name}.html"
+            assert page.is_file() and f'id="module-pyro_multihop.{name}"' in page.read_text(), f"no page for {name}"
+            continue
         if not callable(getattr(pyro_multihop, name)):  # data (SVI_DEFAULTS): on its module's page, with its comment
             pages = "".join(page.read_text() for page in (out / "generated").glob("pyro_multihop.*.html"))
             assert re.search(rf'id="pyro_multihop\.[a-z_.]+\.{name}"', pages), f"pyro_multihop.{name} is not documented"
