@@ -266,3 +266,31 @@ def random_observations(n, num_symbols, num_targets, context, seed=1, masked=Fal
         torch.randint(num_targets, (n,), generator=generator),
         mask,
     )
+
+
+def random_chained_head(hops, num_symbols, num_targets, seed=0, sigma2=0.6, dtype=torch.float64, scale=1.0, **options):
+    """A ``ChainedAttention`` with seeded random key tables (``scale`` times standard normal) and emission."""
+    from pyro_multihop import ChainedAttention
+
+    generator = torch.Generator().manual_seed(seed)
+    return ChainedAttention(
+        hops,
+        num_symbols,
+        num_targets,
+        sigma2=sigma2,
+        key_tables=scale * torch.randn(hops, num_symbols, num_symbols, generator=generator, dtype=dtype),
+        emission=torch.rand(num_symbols, num_targets, generator=generator, dtype=dtype).softmax(-1),
+        **options,
+    )
+
+
+def onehot_path_tables(head, obs):
+    """:func:`enumerate_paths` of a one-hot chained head on ``obs``."""
+    return enumerate_paths(
+        *onehot_vectors(head.key_tables, obs),
+        head.sigma2,
+        head.emission.detach().double(),
+        obs.values,
+        obs.target,
+        obs.mask,
+    )

@@ -109,14 +109,20 @@ def test_dataframe_round_trip_is_exact(masked):
     assert Observations.from_dataframe(frame) == obs
 
 
+def task_with_padding(masked: bool) -> Observations:
+    """50 rows of the transitive task, with about 30% of the positions padding if ``masked``."""
+    obs = transitive_task(50, seed=3)
+    if not masked:
+        return obs
+    mask = torch.rand(50, obs.context_len, generator=torch.Generator().manual_seed(0)) > 0.3
+    mask[:, 0] = True
+    return Observations(obs.keys, obs.values, obs.query, obs.target, mask)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_file_round_trip_is_exact(tmp_path, suffix, masked):
-    obs = transitive_task(50, seed=3)
-    if masked:
-        mask = torch.rand(50, obs.context_len, generator=torch.Generator().manual_seed(0)) > 0.3
-        mask[:, 0] = True
-        obs = Observations(obs.keys, obs.values, obs.query, obs.target, mask)
+    obs = task_with_padding(masked)
     path = tmp_path / f"data{suffix}"
     obs.save(path)
     assert Observations.load(path) == obs
@@ -241,11 +247,7 @@ def test_simulator_arguments_are_checked(call, message):
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_shards_partition_the_file_in_order(tmp_path, suffix, masked):
-    obs = transitive_task(50, seed=3)
-    if masked:
-        mask = torch.rand(50, obs.context_len, generator=torch.Generator().manual_seed(0)) > 0.3
-        mask[:, 0] = True
-        obs = Observations(obs.keys, obs.values, obs.query, obs.target, mask)
+    obs = task_with_padding(masked)
     path = tmp_path / f"data{suffix}"
     if suffix == ".parquet":
         obs.to_dataframe().to_parquet(path, index=False, row_group_size=8)  # 7 row groups

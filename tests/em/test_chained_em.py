@@ -23,15 +23,7 @@ METHOD = pytest.mark.parametrize("method", ["factored", "dense"])
 
 
 def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64, scale=1.0):
-    generator = torch.Generator().manual_seed(seed)
-    return ChainedAttention(
-        hops,
-        S,
-        T,
-        sigma2=sigma2,
-        key_tables=scale * torch.randn(hops, S, S, generator=generator, dtype=dtype),
-        emission=torch.rand(S, T, generator=generator, dtype=dtype).softmax(-1),
-    )
+    return oracle.random_chained_head(hops, S, T, seed, sigma2, dtype, scale)
 
 
 def random_obs(n=6, seed=1, masked=False, context=N):
@@ -47,14 +39,7 @@ def concat(*parts):
 
 def brute_force_stats(head, obs, weights=None):
     """Expected statistics by walking every hop path: hop l's key collects the query that arrives at it."""
-    tables = oracle.enumerate_paths(
-        *oracle.onehot_vectors(head.key_tables, obs),
-        head.sigma2,
-        head.emission.detach().double(),
-        obs.values,
-        obs.target,
-        obs.mask,
-    )
+    tables = oracle.onehot_path_tables(head, obs)
     L = head.n_hops
     numerators = torch.zeros(L, S, S, dtype=torch.float64)
     masses = torch.zeros(L, S, dtype=torch.float64)

@@ -17,15 +17,7 @@ S, T, N = 5, 4, 4
 
 
 def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64):
-    generator = torch.Generator().manual_seed(seed)
-    return ChainedAttention(
-        hops,
-        S,
-        T,
-        sigma2=sigma2,
-        key_tables=torch.randn(hops, S, S, generator=generator, dtype=dtype),
-        emission=torch.rand(S, T, generator=generator, dtype=dtype).softmax(-1),
-    )
+    return oracle.random_chained_head(hops, S, T, seed, sigma2, dtype)
 
 
 def random_obs(n=6, seed=1, masked=False):
@@ -33,14 +25,7 @@ def random_obs(n=6, seed=1, masked=False):
 
 
 def brute_force(head, obs):
-    tables = oracle.enumerate_paths(
-        *oracle.onehot_vectors(head.key_tables, obs),
-        head.sigma2,
-        head.emission.detach().double(),
-        obs.values,
-        obs.target,
-        obs.mask,
-    )
+    tables = oracle.onehot_path_tables(head, obs)
     return oracle.summarise(tables, N, emission=head.emission.detach().double(), values=obs.values)
 
 

@@ -20,15 +20,7 @@ MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"]
 
 
 def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64):
-    generator = torch.Generator().manual_seed(seed)
-    return ChainedAttention(
-        hops,
-        S,
-        T,
-        sigma2=sigma2,
-        key_tables=torch.randn(hops, S, S, generator=generator, dtype=dtype),
-        emission=torch.rand(S, T, generator=generator, dtype=dtype).softmax(-1),
-    )
+    return oracle.random_chained_head(hops, S, T, seed, sigma2, dtype)
 
 
 def log_emission_of(head, obs):
@@ -37,14 +29,7 @@ def log_emission_of(head, obs):
 
 
 def exact_log_joints(head, obs):
-    tables = oracle.enumerate_paths(
-        *oracle.onehot_vectors(head.key_tables, obs),
-        head.sigma2,
-        head.emission.detach().double(),
-        obs.values,
-        obs.target,
-        obs.mask,
-    )
+    tables = oracle.onehot_path_tables(head, obs)
     return [oracle.log_joints_of(table) for table in tables]
 
 
