@@ -149,7 +149,8 @@ class HopGates:
         maximum 1), computed once per :class:`HopGates` and shared by every chunk."""
         if self._transition_weights is None:
             later = self.scores[1:]
-            self._transition_weights = (later - later.amax(-1, keepdim=True)).exp()
+            # The row shift cancels in every normalised transition, so its gradient is exactly 0: detached.
+            self._transition_weights = (later - later.amax(-1, keepdim=True).detach()).exp()
         return self._transition_weights
 
 

@@ -224,8 +224,10 @@ class ChainedAttention(HopAttentionHead):
         if self.max_distance is not None:
             return None
         key_tables = self.key_tables
-        # Formed in (query, key) order directly: the engine gathers from a contiguous table.
-        return (key_tables.transpose(-1, -2) - (0.5 * key_tables.pow(2).sum(-1)).unsqueeze(-2)) / self.sigma2
+        # In (query, key) order and contiguous: the engine gathers from the flat table, and an elementwise result
+        # of the transposed view would keep the transposed layout (one copy per gather, forward and backward).
+        scores = (key_tables - 0.5 * key_tables.pow(2).sum(-1, keepdim=True)) / self.sigma2
+        return scores.transpose(-1, -2).contiguous()
 
     def _position_logits(self, age_slopes, offset_slopes, direction_logits, values, mask):
         """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age, offset and direction terms."""
