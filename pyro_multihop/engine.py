@@ -60,6 +60,7 @@ __all__ = [
     "hop_marginals",
     "value_marginals",
     "pairwise_marginals",
+    "posterior_marginals",
     "map_paths",
     "sample_paths",
     "path_entropy",
@@ -163,7 +164,7 @@ def chain_from_scores(scores: torch.Tensor, obs: Observations) -> HopChain:
         trans[l, c, i, j] = log softmax_j scores[l + 1][value_ci, key_cj]
     """
     mask = obs.mask
-    init = masked_log_softmax(table_gather(scores[0], obs.query.unsqueeze(-1), obs.keys), mask)
+    init = _first_hop_log_probs(scores, obs)
     n, N = obs.keys.shape
     if scores.shape[0] == 1:
         return HopChain(init, init.new_zeros(0, n, N, N))
@@ -329,10 +330,14 @@ class _Chunk(NamedTuple):
     chain: Optional[HopChain]  # dense log factors (positions route), else built on demand for failing rows
 
 
+def _first_hop_log_probs(scores: torch.Tensor, obs: Observations) -> torch.Tensor:
+    """``(c, N)`` ``log p(z_1 = i)`` from the score table of hop 1 (padding excluded)."""
+    return masked_log_softmax(table_gather(scores[0], obs.query.unsqueeze(-1), obs.keys), obs.mask)
+
+
 def _first_hop(gates: HopGates, chunk: Observations) -> torch.Tensor:
-    """``(c, N)`` ``p(z_1 = i)`` from the score table of hop 1."""
-    logits = table_gather(gates.scores[0], chunk.query.unsqueeze(-1), chunk.keys)
-    return masked_log_softmax(logits, chunk.mask).exp()
+    """``(c, N)`` ``p(z_1 = i)``."""
+    return _first_hop_log_probs(gates.scores, chunk).exp()
 
 
 def _prepare(gates: HopGates, chunk: Observations, route: str) -> _Chunk:
@@ -363,6 +368,17 @@ def _shifted_emission(gates: HopGates, chunk: Observations):
     return emission, shift, finite
 
 
+def _rows_in_log_space(gates: HopGates, prepared: _Chunk, rows: torch.Tensor):
+    """``(sub-chunk, its dense log factors, its (c', N) log emission)`` for the ``rows`` of a chunk that the
+    probability-space route could not compute (the dense factors are reused when the route built them)."""
+    sub = prepared.obs[rows]
+    if prepared.chain is None:
+        chain = gates.dense_chain(sub)
+    else:
+        chain = HopChain(prepared.chain.init[rows], prepared.chain.trans[:, rows])
+    return sub, chain, gates.log_emission[sub.values, sub.target.unsqueeze(-1)]
+
+
 def _log_likelihood_chunk(gates: HopGates, chunk: Observations, route: str) -> torch.Tensor:
     """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows recomputed in log space."""
     prepared = _prepare(gates, chunk, route)
@@ -375,10 +391,8 @@ def _log_likelihood_chunk(gates: HopGates, chunk: Observations, route: str) -> t
     if ok.all():
         return result
     bad = (~ok).nonzero().squeeze(-1)
-    sub = chunk[bad]
-    chain = gates.dense_chain(sub) if prepared.chain is None else HopChain(prepared.chain.init[bad], prepared.chain.trans[:, bad])
-    exact = chain_log_likelihood(chain, gates.log_emission[sub.values, sub.target.unsqueeze(-1)])
-    return result.index_put((bad,), exact)
+    sub, chain, log_emission = _rows_in_log_space(gates, prepared, bad)
+    return result.index_put((bad,), chain_log_likelihood(chain, log_emission))
 
 
 # -- forward-backward ----------------------------------------------------------------------------------------
@@ -462,9 +476,8 @@ def _posterior_chunk(gates: HopGates, chunk: Observations, route: str, pairwise:
     if good is None:
         return main, None
     bad = (~ok).nonzero().squeeze(-1)
-    sub = chunk[bad]
-    chain = gates.dense_chain(sub) if prepared.chain is None else HopChain(prepared.chain.init[bad], prepared.chain.trans[:, bad])
-    exact = chain_posterior(chain, gates.log_emission[sub.values, sub.target.unsqueeze(-1)])
+    sub, chain, log_emission = _rows_in_log_space(gates, prepared, bad)
+    exact = chain_posterior(chain, log_emission)
     fallback = ChunkPosterior(bad, sub, exact.log_likelihood, "log", pairwise=exact.pairwise_marginals,
                               hop_marginals=exact.hop_marginals)
     return main, fallback
@@ -538,15 +551,10 @@ def log_likelihood(gates: HopGates, obs: Observations, budget=None) -> torch.Ten
     route = choose_route(gates, N)
     device = gates.log_emission.device
     rows_per_chunk = _rows_per_chunk(gates, N, route, budget)
-    if n <= rows_per_chunk:
-        return _log_likelihood_chunk(gates, _device_chunk(obs, slice(0, n), device), route)
-    if torch.is_grad_enabled() and (gates.log_emission.requires_grad or (gates.scores is not None and gates.scores.requires_grad)):
-        parts = [_log_likelihood_chunk(gates, _device_chunk(obs, rows, device), route) for rows in _chunks(n, rows_per_chunk)]
-        return torch.cat(parts)
-    out = gates.log_emission.new_empty(n)
-    for rows in _chunks(n, rows_per_chunk):
-        out[rows] = _log_likelihood_chunk(gates, _device_chunk(obs, rows, device), route)
-    return out
+    # Concatenated, not written into a preallocated output, so that the result keeps every chunk's graph
+    # whenever any input of the gates requires grad.
+    chunks = _chunks(n, rows_per_chunk) if n else [slice(0, 0)]  # an empty shard still gives a (0,) result
+    return torch.cat([_log_likelihood_chunk(gates, _device_chunk(obs, rows, device), route) for rows in chunks])
 
 
 def predict_proba(gates: HopGates, obs: Observations, budget=None) -> torch.Tensor:
@@ -570,37 +578,29 @@ def predict_proba(gates: HopGates, obs: Observations, budget=None) -> torch.Tens
     return out
 
 
-def _posterior_fill(gates: HopGates, obs: Observations, budget, pairwise: bool, write) -> None:
-    for part in forward_backward_chunks(gates, obs, budget, pairwise):
-        write(part)
-
-
-def hop_marginals(gates: HopGates, obs: Observations, budget=None, with_log_likelihood: bool = False):
-    """``(L, n, N)`` posterior ``p(z_l = i | observation)`` (and the ``(n,)`` log-likelihood if asked)."""
+def posterior_marginals(gates: HopGates, obs: Observations, budget=None, pairwise: bool = False):
+    """``(log_likelihood (n,), hop_marginals (L, n, N), pairwise (L - 1, n, N, N) or None)`` in one
+    forward-backward pass; the pairwise marginals (``O(L n N^2)`` memory) only with ``pairwise=True``."""
     L, n, N = gates.n_hops, len(obs), obs.context_len
-    out = gates.log_emission.new_empty(L, n, N)
     log_likelihood_out = gates.log_emission.new_empty(n)
-
-    def write(part):
-        out[:, part.rows] = part.hop_marginals
+    marginals = gates.log_emission.new_empty(L, n, N)
+    pairs = gates.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
+    for part in forward_backward_chunks(gates, obs, budget, pairwise=pairwise and L > 1):
         log_likelihood_out[part.rows] = part.log_likelihood
+        marginals[:, part.rows] = part.hop_marginals
+        if pairwise and L > 1:
+            pairs[:, part.rows] = part.pairwise
+    return log_likelihood_out, marginals, pairs
 
-    _posterior_fill(gates, obs, budget, False, write)
-    return (out, log_likelihood_out) if with_log_likelihood else out
+
+def hop_marginals(gates: HopGates, obs: Observations, budget=None) -> torch.Tensor:
+    """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
+    return posterior_marginals(gates, obs, budget)[1]
 
 
 def pairwise_marginals(gates: HopGates, obs: Observations, budget=None) -> torch.Tensor:
     """``(L - 1, n, N, N)`` posterior ``p(z_l = i, z_{l+1} = j | observation)``: ``O(L n N^2)`` memory."""
-    L, n, N = gates.n_hops, len(obs), obs.context_len
-    out = gates.log_emission.new_zeros(max(L - 1, 0), n, N, N)
-    if L == 1:
-        return out
-
-    def write(part):
-        out[:, part.rows] = part.pairwise
-
-    _posterior_fill(gates, obs, budget, True, write)
-    return out
+    return posterior_marginals(gates, obs, budget, pairwise=True)[2]
 
 
 def value_marginals(gates: HopGates, obs: Observations, budget=None) -> torch.Tensor:
@@ -608,11 +608,9 @@ def value_marginals(gates: HopGates, obs: Observations, budget=None) -> torch.Te
     L, n, S = gates.n_hops, len(obs), gates.log_emission.shape[0]
     out = gates.log_emission.new_zeros(L, n, S)
 
-    def write(part):
+    for part in forward_backward_chunks(gates, obs, budget):
         values = part.obs.values.unsqueeze(0).expand(L, -1, -1)
         out[:, part.rows] = part.hop_marginals.new_zeros(L, len(part.obs), S).scatter_add_(2, values, part.hop_marginals)
-
-    _posterior_fill(gates, obs, budget, False, write)
     return out
 
 

@@ -196,15 +196,7 @@ class HopAttentionHead(PyroModule):
         ``(L - 1, n, N, N)`` only with ``pairwise=True`` (otherwise None: they take ``O(n N^2)`` memory)."""
         self.check_observations(obs)
         gates = self.hop_gates()
-        L, n, N = self.n_hops, len(obs), obs.context_len
-        marginals = gates.log_emission.new_empty(L, n, N)
-        log_likelihood = gates.log_emission.new_empty(n)
-        pairs = gates.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
-        for part in engine.forward_backward_chunks(gates, obs, budget, pairwise=pairwise):
-            marginals[:, part.rows] = part.hop_marginals
-            log_likelihood[part.rows] = part.log_likelihood
-            if pairwise and L > 1:
-                pairs[:, part.rows] = part.pairwise
+        log_likelihood, marginals, pairs = engine.posterior_marginals(gates, obs, budget, pairwise=pairwise)
         return HopPosterior(log_likelihood, marginals, pairs, engine.map_paths(gates, obs, budget))
 
     @torch.no_grad()
