@@ -127,22 +127,36 @@ class HopGates:
     :ivar scores: ``(L, S, S)`` or None; ``scores[l, q, k]`` is the unnormalised logit of hop ``l + 1``
         when its query symbol ``q`` meets key symbol ``k``. None when the gate depends on more than the
         two symbols (then only the dense log factors are available).
+    :ivar position_emission: None (the target is emitted from the last attended value through
+        ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
+        that the last hop attends position ``i``: an emission that reads more of a position than its value
+        (the structured-facts head's copy emission). With it, ``scores`` must be None.
     """
 
     def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[Observations], HopChain], n_hops: int,
-                 scores: Optional[torch.Tensor] = None):
+                 scores: Optional[torch.Tensor] = None,
+                 position_emission: Optional[Callable[[Observations], torch.Tensor]] = None):
+        if position_emission is not None and scores is not None:
+            raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
         self.log_emission = log_emission
         self.dense_chain = dense_chain
         self.n_hops = n_hops
         self.scores = scores
+        self.position_emission = position_emission
         self._transition_weights = None
 
     def replace(self, **changes) -> "HopGates":
         """A copy with some fields changed."""
         fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
-                  "scores": self.scores}
+                  "scores": self.scores, "position_emission": self.position_emission}
         fields.update(changes)
         return HopGates(**fields)
+
+    def target_log_probs(self, chunk: Observations) -> torch.Tensor:
+        """``(c, N)``: ``log p(target_c | z_L = i)`` at every position of a chunk."""
+        if self.position_emission is None:
+            return self.log_emission[chunk.values, chunk.target.unsqueeze(-1)]
+        return self.position_emission(chunk).gather(-1, chunk.target.view(-1, 1, 1).expand(-1, chunk.context_len, 1)).squeeze(-1)
 
     @property
     def transition_weights(self) -> torch.Tensor:
@@ -359,7 +373,7 @@ def _forward(prepared: _Chunk, L: int) -> list:
 
 def _shifted_emission(gates: HopGates, chunk: Observations):
     """``(exp(log_emission[value_i, target] - shift) * real (c, N), shift (c,), ok (c,))``."""
-    log_emission = gates.log_emission[chunk.values, chunk.target.unsqueeze(-1)]
+    log_emission = gates.target_log_probs(chunk)
     real = chunk.full_mask()
     shift = log_emission.masked_fill(~real, -math.inf).amax(-1)
     finite = torch.isfinite(shift)
@@ -376,7 +390,7 @@ def _rows_in_log_space(gates: HopGates, prepared: _Chunk, rows: torch.Tensor):
         chain = gates.dense_chain(sub)
     else:
         chain = HopChain(prepared.chain.init[rows], prepared.chain.trans[:, rows])
-    return sub, chain, gates.log_emission[sub.values, sub.target.unsqueeze(-1)]
+    return sub, chain, gates.target_log_probs(sub)
 
 
 def _log_likelihood_chunk(gates: HopGates, chunk: Observations, route: str) -> torch.Tensor:
@@ -564,13 +578,16 @@ def predict_proba(gates: HopGates, obs: Observations, budget=None) -> torch.Tens
     route = choose_route(gates, N)
     device = gates.log_emission.device
     emission = gates.log_emission.exp()
-    by_symbol = S <= 4 * N  # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
-    rows_per_chunk = _rows_per_chunk(gates, N, route, budget, extra=(S if by_symbol else N * T) + T)
+    # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
+    by_symbol = S <= 4 * N and gates.position_emission is None
+    rows_per_chunk = _rows_per_chunk(gates, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
     out = emission.new_empty(n, T)
     for rows in _chunks(n, rows_per_chunk):
         chunk = _device_chunk(obs, rows, device)
         alpha = _forward(_prepare(gates, chunk, route), gates.n_hops)[-1]  # (c, N) p(z_L = i)
-        if by_symbol:
+        if gates.position_emission is not None:
+            out[rows] = torch.bmm(alpha.unsqueeze(-2), gates.position_emission(chunk).exp()).squeeze(-2)
+        elif by_symbol:
             weights = alpha.new_zeros(len(chunk), S).scatter_add_(1, chunk.values, alpha)
             out[rows] = weights @ emission
         else:
@@ -621,7 +638,7 @@ def dense_chunks(gates: HopGates, obs: Observations, budget, extra: float = 0.0)
     with torch.no_grad():
         for rows in _chunks(n, _rows_per_chunk(gates, N, "positions", budget, extra)):
             chunk = _device_chunk(obs, rows, device)
-            yield rows, chunk, gates.dense_chain(chunk), gates.log_emission[chunk.values, chunk.target.unsqueeze(-1)]
+            yield rows, chunk, gates.dense_chain(chunk), gates.target_log_probs(chunk)
 
 
 def map_paths(gates: HopGates, obs: Observations, budget=None, given_target: bool = True) -> torch.Tensor:
