@@ -1,6 +1,6 @@
 """bAbI tasks 1-3: answer accuracy and supporting-fact selection of the chained head, 1-3 hops (docs/babi.md).
 
-Every run is ``pyro_multihop.datasets.babi_run.run_babi`` (what ``pyro-multihop babi`` runs) with the same
+Every run is ``pyro_multihop.experiments.babi.run_babi`` (what ``pyro-multihop babi`` runs) with the same
 settings; one thread per run, runs one after the other. Writes ``babi.csv`` and ``babi.md`` under ``--out``
 and each run's ``results.json`` and ``hop_posteriors.png`` under ``--out/babi_runs/``::
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pyro_multihop.datasets.babi_run import BABI_SVI, run_babi
+from pyro_multihop.experiments.babi import BABI_SVI, run_babi
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         kwargs = dict(steps=5, max_train=50) if args.smoke else {}
         if train_dir is not None and not args.smoke:
             kwargs["batch_size"] = 1000  # same work per step as a full 1k batch
-        result = run_babi(task, args.out / "babi_runs" / name, train_dir=train_dir, hops=hops, **kwargs)
+        result = run_babi(task, args.out / "babi_runs" / name, train_dir=train_dir, hops=hops, overwrite=True, **kwargs)
         result["train_set"] = "10k" if train_dir else "1k"
         print(json.dumps(result), flush=True)
         rows.append(result)

@@ -34,13 +34,14 @@ class RunDirError(ValueError):
 
 
 def prepare_run_dir(out: Union[str, os.PathLike], *, resume: bool = False, overwrite: bool = False,
-                    checkpoint_name: str = CHECKPOINT_NAME, create: bool = True) -> Path:
+                    resumable: bool = True, checkpoint_name: str = CHECKPOINT_NAME, create: bool = True) -> Path:
     """Check that training may write into the folder ``out`` and create it; returns it as a Path.
 
     A folder that holds ``checkpoint_name`` (a trained model) is refused with :class:`RunDirError` (one line
     naming the two flags) unless ``resume`` (continue from that checkpoint) or ``overwrite`` (replace it).
     ``resume`` and ``overwrite`` together are refused too: they contradict each other.
 
+    :param resumable: whether the command can resume (its message offers ``--resume`` only then).
     :param create: create the folder (and its parents) when it is missing.
     :raises RunDirError: as above, or when ``out`` exists and is not a folder.
     """
@@ -51,10 +52,8 @@ def prepare_run_dir(out: Union[str, os.PathLike], *, resume: bool = False, overw
         raise RunDirError(f"--out {str(out)!r} exists and is not a folder")
     checkpoint = out / checkpoint_name
     if checkpoint.exists() and not (resume or overwrite):
-        raise RunDirError(
-            f"--out {str(out)!r} already holds a trained checkpoint ({checkpoint_name}); "
-            "pass --resume to continue it or --overwrite to replace it"
-        )
+        flags = "pass --resume to continue it or --overwrite to replace it" if resumable else "pass --overwrite to replace it"
+        raise RunDirError(f"--out {str(out)!r} already holds a trained checkpoint ({checkpoint_name}); {flags}")
     if create:
         out.mkdir(parents=True, exist_ok=True)
     return out
