@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--collapsed", action="store_true",
                        help="SVI on the collapsed model (hop path summed out by the engine; same loss, faster)")
     train.add_argument("--no-progress", action="store_true",
-                       help="no progress display (a bar on a terminal, a line every 10 s or 10%% otherwise)")
+                       help="no progress display (a bar on a terminal, otherwise a line at each tenth of the steps and every 10 s)")
     train.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
 
     evaluate = commands.add_parser(

@@ -60,8 +60,8 @@ def prepare_run_dir(out: Union[str, os.PathLike], *, resume: bool = False, overw
 
 
 class _LogLines:
-    """A stand-in for a tqdm bar that writes ``desc: i/total (p%), rate, postfix`` lines to ``stream`` at
-    most every ``every_s`` seconds, plus one at the end: readable in a log file, a few lines per minute."""
+    """A stand-in for a tqdm bar that writes ``desc: i/total (p%), rate, postfix`` lines to ``stream`` at each
+    tenth of ``total`` and every ``every_s`` seconds between, plus one at the end: readable in a log file."""
 
     def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", stream=None,
                  every_s: float = 10.0):
@@ -71,13 +71,22 @@ class _LogLines:
         self.postfix = ""
         self.started = self.last = time.perf_counter()
         self.initial = initial
+        self.next_mark = self._mark_after(initial)
 
     def update(self, n: int = 1) -> None:
         self.n += n
         now = time.perf_counter()
-        if now - self.last >= self.every_s:
+        if now - self.last >= self.every_s or self.n >= self.next_mark:
             self.last = now
+            self.next_mark = self._mark_after(self.n)
             self._write(now)
+
+    def _mark_after(self, n: int) -> float:
+        """The next multiple of a tenth of ``total`` above ``n``."""
+        if not self.total:
+            return float("inf")
+        tenth = self.total / 10
+        return (int(n / tenth) + 1) * tenth
 
     def set_postfix(self, refresh: bool = False, **values) -> None:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
@@ -119,8 +128,9 @@ class _Disabled:
 
 def progress_bar(total: int, *, initial: int = 0, desc: str = "", unit: str = "it", enabled: bool = True,
                  terminal: Optional[bool] = None, every_s: float = 10.0):
-    """A progress display on stderr: a tqdm bar when stderr is a terminal, else plain lines every ``every_s``
-    seconds and one at the end (``terminal`` overrides the detection). With ``enabled=False`` nothing.
+    """A progress display on stderr: a tqdm bar when stderr is a terminal, else plain lines at each tenth of
+    ``total``, every ``every_s`` seconds between and at the end (``terminal`` overrides the detection).
+    With ``enabled=False`` nothing.
 
     It supports ``update(n)``, ``set_postfix(**values)`` and use as a context manager, like tqdm."""
     if not enabled:
