@@ -5,7 +5,7 @@ age/offset gate terms (``max_distance = 2 * memory``, every position of the cont
 :func:`~pyro_multihop.train.fit_svi` with :data:`BABI_SVI` (SVI on the exact enumerated ELBO, the hop latents
 summed out, question-answer pairs only). The contexts are grouped by length (``group_lengths``): exact, since
 padding has zero attention, and it saves most of the ``O(N^2)`` work on tasks whose stories are mostly short
-(task 2: mean 31 of 100 positions, 0.11 s against 1.0 s a step; ``benchmarks/results/length_groups.md``).
+(task 2: mean 31 of 100 positions, 0.33 s against 7.9 s a step; ``benchmarks/results/length_groups.md``).
 
 This module sits above :mod:`pyro_multihop.datasets` (which only reads and encodes the files) and
 :mod:`pyro_multihop.train`: a training script, not a data module.
