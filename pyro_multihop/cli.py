@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -575,13 +576,29 @@ def _check_resume(args, model, checkpoint_path: Path) -> Optional[int]:
 
 
 def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
-    from .train import fit_svi
+    """``(model, metrics, settings, notes, best)`` of an SVI run; the OverfittingWarning becomes a note."""
+    from .train import OverfittingWarning
 
     model = _build_head(args, num_symbols, num_targets).to(device=device, dtype=dtype)
     step = _check_resume(args, model, checkpoint_path)
     if step is not None:
         print(f"resuming from step {step} of {checkpoint_path}", flush=True)
-    metrics = fit_svi(
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OverfittingWarning)
+        metrics = _fit(model, train_obs, val_obs, args, checkpoint_path)
+    notes = [f"warning: {w.message}" for w in caught if issubclass(w.category, OverfittingWarning)]
+    for other in caught:
+        if not issubclass(other.category, OverfittingWarning):
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    if metrics.attrs["divergences"]:
+        notes.append(f"note: {len(metrics.attrs['divergences'])} divergence(s) caught; best parameters restored each time")
+    return model, metrics, metrics.attrs["settings"], notes, metrics.attrs.get("best_val")
+
+
+def _fit(model, train_obs, val_obs, args, checkpoint_path):
+    from .train import fit_svi
+
+    return fit_svi(
         model,
         train_obs,
         num_steps=args.steps,
@@ -598,10 +615,6 @@ def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
     )
-    notes = []
-    if metrics.attrs["divergences"]:
-        notes.append(f"note: {len(metrics.attrs['divergences'])} divergence(s) caught; best parameters restored each time")
-    return model, metrics, metrics.attrs["settings"], notes, metrics.attrs.get("best_val")
 
 
 def _evaluate(args) -> int:

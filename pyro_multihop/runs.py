@@ -72,6 +72,7 @@ class _LogLines:
         self.started = self.last = time.perf_counter()
         self.initial = initial
         self.next_mark = self._mark_after(initial)
+        self.written = initial
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -96,9 +97,10 @@ class _LogLines:
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         tail = f", {self.postfix}" if self.postfix else ""
         print(f"{self.desc}: {self.n}/{self.total}{share}, {rate:.1f} {self.unit}/s{tail}", file=self.stream, flush=True)
+        self.written = self.n
 
     def close(self) -> None:
-        if self.n > self.initial:
+        if self.n > self.initial and self.written != self.n:
             self._write(time.perf_counter())
 
     def __enter__(self):

@@ -895,7 +895,7 @@ def _warn_if_overfitting(metrics: pd.DataFrame) -> None:
             f"use the best parameters ({where}), or try early stopping (patience, --patience) or a stronger "
             "weight decay",
             OverfittingWarning,
-            stacklevel=3,
+            stacklevel=4,  # fit_svi's caller
         )
 
 

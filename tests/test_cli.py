@@ -275,3 +275,116 @@ def test_an_interrupted_train_writes_a_checkpoint_and_resumes_bit_identically(ta
     pd.testing.assert_frame_equal(pd.read_csv(out / "metrics.csv").drop(columns="seconds"), expected, check_exact=True)
     assert json.loads((out / "summary.json").read_text())["train"] == json.loads(
         (uninterrupted / "summary.json").read_text())["train"]
+
+
+# -- issue 19: safe run directories, held-out data, the vocabulary hint, paths, a fast --help ---------------
+def test_train_refuses_an_out_with_a_checkpoint_unless_told(task, tmp_path, capsys):
+    folder, train, _ = task
+    run = tmp_path / "kept"
+    base = ["train", "--data", str(train), "--steps", "6", "--no-progress", "--out", str(run)]
+    assert main(base) == 0
+    trained = (run / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    line = one_error_line(capsys, main(base[:4] + ["2"] + base[5:]))
+    assert "already holds a trained checkpoint" in line and "--resume" in line and "--overwrite" in line
+    assert (run / "checkpoint.pt").read_bytes() == trained  # nothing was touched
+    assert main(base + ["--overwrite"]) == 0
+    assert "contradict" in one_error_line(capsys, main(base + ["--overwrite", "--resume"]))
+
+
+def test_a_resume_with_other_options_fails_before_printing(task, tmp_path, capsys):
+    folder, train, _ = task
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(train), "--steps", "4", "--no-progress", "--out", str(run)]) == 0
+    capsys.readouterr()
+    code = main(["train", "--data", str(train), "--steps", "8", "--hops", "3", "--resume", "--no-progress",
+                 "--out", str(run)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "", captured.out
+    assert "n_hops = 2 there, 3 here" in captured.err and "--overwrite" in captured.err
+
+
+def test_valid_fraction_patience_and_the_best_checkpoint(task, tmp_path, capsys):
+    folder, train, _ = task
+    run = tmp_path / "best"
+    assert main(["train", "--data", str(train), "--valid-fraction", "0.2", "--patience", "50", "--steps", "20",
+                 "--log-every", "5", "--no-progress", "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    best = summary["best"]
+    assert (run / "best.pt").is_file() and best["checkpoint"] == str(run / "best.pt")
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert best["step"] == int(metrics.loc[metrics["val_log_likelihood"].idxmax(), "step"])
+    assert f"best checkpoint: {run / 'best.pt'} (step {best['step']}: highest held-out log-likelihood" in out
+    assert summary["val"]["n"] == 30 and summary["train"]["n"] == 120
+    assert "--patience needs" in one_error_line(capsys, main(["train", "--data", str(train), "--patience", "2",
+                                                               "--out", str(tmp_path / "p")]))
+
+
+def test_data_beyond_the_vocabulary_names_the_symbols_option(task, tmp_path, capsys):
+    folder, train, _ = task
+    run = tmp_path / "small"
+    assert main(["train", "--data", str(train), "--steps", "2", "--no-progress", "--out", str(run)]) == 0
+    big = tmp_path / "big.csv"
+    assert main(["simulate", "-n", "5", "--symbols", "40", "--out", str(big)]) == 0
+    capsys.readouterr()
+    line = one_error_line(capsys, main(["evaluate", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(big)]))
+    assert "num_symbols" in line and "train --symbols" in line
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_paths_match_the_python_api(task, tmp_path, suffix):
+    from pyro_multihop import Observations
+
+    folder, train, test = task
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(train), "--steps", "15", "--no-progress", "--out", str(run)]) == 0
+    out = tmp_path / f"paths{suffix}"
+    assert main(["paths", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(test), "-k", "3",
+                 "--samples", "2", "--chunk", "7", "--no-progress", "--out", str(out)]) == 0
+    model, _ = load_checkpoint(run / "checkpoint.pt")
+    obs = Observations.load(test)
+    paths, log_probs = model.k_best_paths(obs, 3)
+    entropy = model.path_entropy(obs)
+    if suffix == ".csv":
+        frame = pd.read_csv(out)
+        assert len(frame) == len(obs) and frame["row"].tolist() == list(range(len(obs)))
+        assert frame["entropy"].to_numpy() == pytest.approx(entropy.numpy(), abs=1e-6)
+        for j in range(3):
+            assert frame[f"path_{j + 1}_prob"].to_numpy() == pytest.approx(log_probs[:, j].exp().numpy(), abs=1e-6)
+            for hop in range(2):
+                positions = paths[:, j, hop]
+                assert frame[f"path_{j + 1}_hop_{hop + 1}"].tolist() == positions.tolist()
+                keys = obs.keys.gather(1, positions[:, None]).squeeze(1).tolist()
+                values = obs.values.gather(1, positions[:, None]).squeeze(1).tolist()
+                assert frame[f"path_{j + 1}_hop_{hop + 1}_attended"].tolist() == [f"{k}:{v}" for k, v in zip(keys, values)]
+        assert frame["sample_2_hop_2"].between(0, obs.context_len - 1).all()
+    else:
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(records) == len(obs)
+        for row, record in enumerate(records):
+            assert record["entropy"] == pytest.approx(float(entropy[row]), abs=1e-6)
+            assert [p["positions"] for p in record["paths"]] == paths[row].tolist()[: len(record["paths"])]
+            assert [p["probability"] for p in record["paths"]] == pytest.approx(log_probs[row].exp().tolist()[: len(record["paths"])], abs=1e-6)
+            assert len(record["samples"]) == 2 and all(len(s) == 2 for s in record["samples"])
+
+
+def test_help_imports_no_torch():
+    """``pyro-multihop --help`` under 1 s: parsing loads neither torch nor Pyro (timed in benchmarks/help_time.py)."""
+    probe = ("import sys\nfrom pyro_multihop.cli import build_parser\nbuild_parser()\n"
+             "print(sorted(m for m in ('torch', 'pyro', 'pandas', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env=_environment())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_babi_help_defaults_agree_with_the_code(capsys):
+    from pyro_multihop.cli import BABI_DEFAULTS
+    from pyro_multihop.datasets.babi import DEFAULT_MEMORY
+    from pyro_multihop.experiments.babi import BABI_SVI
+
+    assert BABI_DEFAULTS == {"num_steps": BABI_SVI["num_steps"], "lr": BABI_SVI["lr"], "memory": DEFAULT_MEMORY}
+    assert main(["babi", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "task 1: 1, task 2: 2, task 3: 3" in text and "--hops" in text
