@@ -542,19 +542,24 @@ def _training_outputs(args, metrics, n_train: int, val_obs) -> list:
     from .plots import plot_training_curves
 
     metrics.to_csv(args.out / "metrics.csv", index=False)
-    method = {"svi": "SVI", "em": "EM" if args.model == "chained" else "variational EM"}[args.method]
-    title = f"{args.model} head, {method} on {args.data.name} ({n_train} rows)"
-    if args.val is not None:
-        title += f"; held-out {args.val.name} ({len(val_obs)} rows)"
-    elif val_obs is not None:
-        title += f"; held-out {len(val_obs)} rows of it"
-    x_label = "step" if args.method == "svi" else f"{method} iteration"
+    title, x_label = _training_title(args, n_train, val_obs)
     figures = [_save_figure(plot_training_curves(metrics, which="loss", title=title, x_label=x_label),
                             args.out / "loss.png")]
     if "val_accuracy" in metrics.columns:
         figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=title, x_label=x_label),
                                     args.out / "accuracy.png"))
     return figures
+
+
+def _training_title(args, n_train: int, val_obs) -> tuple:
+    """Title (head, method, data) and x-axis label of the training figures."""
+    method = {"svi": "SVI", "em": "EM" if args.model == "chained" else "variational EM"}[args.method]
+    title = f"{args.model} head, {method} on {args.data.name} ({n_train} rows)"
+    if args.val is not None:
+        title += f"; held-out {args.val.name} ({len(val_obs)} rows)"
+    elif val_obs is not None:
+        title += f"; held-out {len(val_obs)} rows of it"
+    return title, "step" if args.method == "svi" else f"{method} iteration"
 
 
 def _check_resume(args, model, checkpoint_path: Path) -> Optional[int]:

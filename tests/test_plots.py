@@ -43,7 +43,7 @@ def test_training_curves(tmp_path):
     assert len(plot_training_curves(metrics_frame(with_val=False)).axes) == 1
     assert len(plot_training_curves(metrics_frame(), which="accuracy").axes) == 1
     loss_axis = plot_training_curves(metrics_frame(), which="loss", title="run").axes[0]
-    assert [line.get_label() for line in loss_axis.get_lines()] == ["training loss", "held-out loss"]
+    assert [line.get_label() for line in loss_axis.get_lines()] == ["training loss", "held-out negative log-likelihood"]
 
 
 def test_training_curves_mark_divergences():
@@ -174,3 +174,55 @@ def test_cli_titles_name_the_method_and_the_data():
         title, x_label = _training_title(args, 20, val)
         assert title == f"{model} head, {expected_method} on train.csv (20 rows); held-out test.csv (7 rows)"
         assert x_label == expected_x
+
+
+def test_curves_evaluated_once_show_their_point_and_label_what_the_loss_is():
+    """Variational EM evaluates the held-out data at its last iteration only: the point is drawn, the legend
+    names only drawn lines, and the y label says the loss is the annealed ELBO."""
+    frame = pd.DataFrame({"step": [1, 2, 3], "loss": [0.9, 0.1, 0.002],
+                          "val_log_likelihood": [float("nan"), float("nan"), -1.3],
+                          "val_accuracy": [float("nan"), float("nan"), 0.68]})
+    frame.attrs["loss_label"] = "negative annealed ELBO per observation (nats)"
+    loss_axis, accuracy_axis = plot_training_curves(frame).axes
+    assert loss_axis.get_ylabel() == "negative annealed ELBO per observation (nats)"
+    for axis in (loss_axis, accuracy_axis):
+        drawn = {line.get_label(): len(line.get_xdata()) for line in axis.get_lines()}
+        legend = [text.get_text() for text in axis.get_legend().get_texts()]
+        assert legend and all(drawn[label] >= 1 for label in legend), (legend, drawn)
+    (point,) = [line for line in accuracy_axis.get_lines() if line.get_label() == "held-out accuracy"]
+    assert list(point.get_xdata()) == [3] and list(point.get_ydata()) == [0.68] and point.get_marker() == "o"
+    lower, upper = accuracy_axis.get_xlim()
+    assert lower <= 1 and upper >= 3
+
+
+def test_the_best_held_out_step_is_marked():
+    frame = metrics_frame()
+    frame.attrs["best_val"] = {"step": 10, "log_likelihood": -1.3, "checkpoint": "runs/x/best.pt"}
+    labels = [line.get_label() for line in plot_training_curves(frame).axes[0].get_lines()]
+    assert "best held-out (step 10): best.pt" in labels
+
+
+def test_words_label_the_axes_and_the_map_dots_are_explained(head):
+    words = [f"w{s}" for s in range(30)]
+    figure = plot_key_tables(head, symbols=words)
+    assert [t.get_text() for t in figure.axes[0].get_xticklabels()][:3] == ["w0", "w1", "w2"]
+    obs = transitive_task(3, seed=0)
+    figure = plot_hop_marginals(head, obs, rows=[0, 1], symbols=words, targets=[f"t{s}" for s in range(30)])
+    first = figure.axes[0]
+    assert [t.get_text() for t in first.get_legend().get_texts()] == ["MAP hop path (given the target)"]
+    key, value = int(obs.keys[0, 0]), int(obs.values[0, 0])
+    assert first.get_xticklabels()[0].get_text() == f"w{key}:w{value}"
+    assert f"target t{int(obs.target[0])}" in first.get_title()
+
+
+def test_embedding_circles_have_the_posterior_sd_as_radius_and_symbols_integer_ticks():
+    from pyro_multihop import TiedEmbeddingAttention
+
+    model = TiedEmbeddingAttention(10, 4, 10, seed=0)
+    figure = plot_embeddings(model)
+    heat, scatter = figure.axes[:2]  # heatmap, projection (then the colour bar)
+    assert [t.get_text() for t in heat.get_yticklabels()] == [str(s) for s in range(10)]
+    _, scale = model.embeddings()
+    radii = sorted(patch.get_radius() for patch in scatter.patches)
+    assert radii == pytest.approx(sorted(scale.mean(1).tolist()), rel=1e-5)
+    assert scatter.get_aspect() == 1.0
