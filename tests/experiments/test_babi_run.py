@@ -1,4 +1,5 @@
-"""``pyro-multihop babi`` at smoke size: results.json, the hop-posterior figure, EM, and one-line errors."""
+"""``pyro-multihop babi`` at smoke size: results.json, the hop-posterior figure, EM, one-line errors, a refused
+run folder, progress, the vocabulary in the checkpoint and words in ``inspect``."""
 
 import json
 
@@ -16,7 +17,40 @@ def test_babi_command_trains_evaluates_and_draws(tmp_path, capsys):
     # Task 1 needs one hop and recency: 80 steps on 300 questions answer 0.96 of the test questions.
     assert results["answer_accuracy"] > 0.9 and results["fact_accuracy"] > 0.9
     assert (out / "hop_posteriors.png").stat().st_size > 10_000
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == results
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1]) == results
+    assert "svi: 80/80 (100%)" in captured.err  # progress, as lines off a terminal
+
+    # The checkpoint keeps the vocabulary; inspect names the run and labels with words.
+    from pyro_multihop.checkpoint import load_checkpoint
+    from pyro_multihop.em.runs import training_method
+
+    model, state = load_checkpoint(out / "checkpoint.pt")
+    vocabulary = state["extra"]["vocabulary"]
+    train, _ = babi.load_task(1, max_train=300)
+    assert vocabulary == {"symbols": train.encoder.symbols, "targets": train.encoder.answers}
+    assert training_method(state) == "bAbI task 1, SVI"
+    assert main(["inspect", "--checkpoint", str(out / "checkpoint.pt"), "--out", str(out / "figures")]) == 0
+    assert (out / "figures" / "key_tables.png").is_file()
+
+    # A second run into the same folder is refused, the trained checkpoint untouched.
+    trained = (out / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    assert main(["babi", "--task", "1", "--steps", "2", "--max-train", "50", "--out", str(out)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "already holds a trained checkpoint" in line and "--overwrite" in line and "--resume" not in line
+    assert (out / "checkpoint.pt").read_bytes() == trained
+
+
+def test_hops_default_to_the_supporting_facts_and_the_figure_has_a_colour_bar_and_title():
+    from pyro_multihop.experiments.babi import babi_head, default_hops, plot_hop_posteriors
+
+    assert [default_hops(babi.load_task(task, max_train=200)[0]) for task in (1, 2, 3)] == [1, 2, 3]
+    train, test = babi.load_task(1, max_train=50)
+    figure = plot_hop_posteriors(babi_head(train, 1), test, [0, 1], title="task 1")
+    assert figure._suptitle.get_text() == "task 1"
+    colour_bar = figure.axes[-1]
+    assert len(figure.axes) == 3 and "posterior probability" in colour_bar.get_ylabel()
 
 
 def test_babi_command_em_fits_the_content_only_gate(tmp_path):
