@@ -351,8 +351,11 @@ def _vocabulary_hint(error: Exception) -> str:
 
 
 def _vocabulary(state: dict) -> Optional[dict]:
-    """The checkpoint's words ``{"symbols": [...], "targets": [...]}``, or None."""
-    vocabulary = state.get("vocabulary") or (state.get("extra") or {}).get("vocabulary")
+    """The checkpoint's words ``{"symbols": [...], "targets": [...]}``, or None: from ``extra["vocabulary"]``
+    (bAbI runs: symbols and targets), else from a checkpoint-level ``vocabulary`` (the symbols' words)."""
+    vocabulary = (state.get("extra") or {}).get("vocabulary") or state.get("vocabulary")
+    if isinstance(vocabulary, (list, tuple)):
+        vocabulary = {"symbols": list(vocabulary), "targets": None}
     return vocabulary or None
 
 
