@@ -24,7 +24,7 @@ import pandas as pd
 
 from .. import distributed
 from ..checkpoint import save_checkpoint
-from .chained import ChainedEM, ConvergenceWarning
+from . import ChainedEM, ConvergenceWarning, TiedEmbeddingVEM
 
 __all__ = ["EMRun", "run_chained_em", "run_variational_em", "training_method", "LOSS_LABELS"]
 
@@ -95,8 +95,6 @@ def run_variational_em(train, val, *, hops: int, num_symbols: int, num_targets: 
                        seed: int = 0, checkpoint=None) -> EMRun:
     """Variational EM of a tied-embedding head on ``train``; ``val`` is evaluated once, at the end.
     Non-convergence is read from :class:`~pyro_multihop.em.ConvergenceWarning`."""
-    from .variational import TiedEmbeddingVEM
-
     options = {"sigma2": sigma2, "seed": seed}
     if lr is not None:
         options["lr"] = lr

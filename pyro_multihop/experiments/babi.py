@@ -1,4 +1,4 @@
-"""Training and evaluating a chained head on bAbI, and the ``pyro-multihop babi`` command.
+"""Training and evaluating a chained head on bAbI: what the ``pyro-multihop babi`` command runs.
 
 One learner for every task: :func:`babi_head` builds a :class:`~pyro_multihop.ChainedAttention` with the
 age/offset gate terms (``max_distance = 2 * memory``, every position of the context), fitted by
@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ..datasets.babi import DEFAULT_DATA_DIR, DEFAULT_MEMORY, BabiData, load_task
+from ..datasets.babi import DEFAULT_MEMORY, BabiData, load_task
 from ..models import ChainedAttention
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
 
-__all__ = ["BABI_SVI", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi",
-           "add_babi_parser", "babi_command"]
+__all__ = ["BABI_SVI", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi"]
 
 #: Keyword arguments of :func:`~pyro_multihop.train.fit_svi` for bAbI (measured on task 2, docs/babi.md):
 #: full-batch steps, learning rate decaying tenfold, weight decay on the key tables (a stronger one than the
@@ -150,51 +148,3 @@ def run_babi(
                                  "of the first test questions")
     plt.close(figure)
     return results
-
-
-# -- the command ----------------------------------------------------------------------------------------------
-def add_babi_parser(commands, positive_int=int, positive_float=float):
-    """Register ``pyro-multihop babi`` on the command line's sub-parsers; returns its parser."""
-    babi = commands.add_parser(
-        "babi",
-        help="train and evaluate on a bAbI task; write results.json and a hop-posterior figure",
-        description="Train a chained head on a bAbI task's training file (question-answer pairs only), evaluate "
-        "it on the task's test file and write OUT/results.json (answer_accuracy, fact_accuracy, n_test, task, "
-        "hops, ...), OUT/checkpoint.pt and OUT/hop_posteriors.png (posterior hop marginals of the first test "
-        "questions). Pick --hops per task: the number of supporting facts a question needs (task 1: 1, "
-        "task 2: 2, task 3: 3), which is the default.",
-    )
-    babi.add_argument("--task", type=positive_int, required=True, help="bAbI task number (1-20)")
-    babi.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-                      help=f"directory with the qa*_train/test.txt files (default: the shipped {DEFAULT_DATA_DIR})")
-    babi.add_argument("--train-dir", type=Path, default=None,
-                      help="directory of the training file if not --data-dir (e.g. .../en-10k)")
-    babi.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
-    babi.add_argument("--overwrite", action="store_true", help="replace the run in --out if it holds a checkpoint")
-    babi.add_argument("--hops", type=positive_int, default=None,
-                      help="number of hops L; pick it per task (task 1: 1, task 2: 2, task 3: 3) (default: the most "
-                      "supporting facts of a training question, which is that number)")
-    babi.add_argument("--method", choices=["svi", "em"], default="svi",
-                      help="svi (with the age/offset gate terms) or em (closed-form EM, content-only gate) (default: svi)")
-    babi.add_argument("--steps", type=positive_int, default=None,
-                      help=f"SVI steps or EM iterations (default: {BABI_SVI['num_steps']} / 50)")
-    babi.add_argument("--lr", type=positive_float, default=None, help=f"SVI learning rate (default: {BABI_SVI['lr']})")
-    babi.add_argument("--batch-size", type=positive_int, default=None, help="questions per SVI step (default: all)")
-    babi.add_argument("--memory", type=positive_int, default=DEFAULT_MEMORY,
-                      help=f"statements kept before each question (default: {DEFAULT_MEMORY})")
-    babi.add_argument("--max-train", type=positive_int, default=None, help="use only the first N training questions")
-    babi.add_argument("--sigma2", type=positive_float, default=0.1, help="gate variance (default: 0.1)")
-    babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    babi.add_argument("--no-progress", action="store_true", help="no progress display")
-    return babi
-
-
-def babi_command(args) -> int:
-    """``pyro-multihop babi``: print the results as JSON."""
-    results = run_babi(
-        args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops, method=args.method,
-        steps=args.steps, lr=args.lr, batch_size=args.batch_size, memory=args.memory, sigma2=args.sigma2,
-        seed=args.seed, max_train=args.max_train, progress=not args.no_progress, overwrite=args.overwrite,
-    )
-    print(json.dumps(results))
-    return 0
