@@ -6,7 +6,8 @@
 4. compare them with the generating structure (identity key tables and emission): ``comparison.csv``,
    ``comparison.json`` and ``comparison.png``.
 
-Everything goes under ``--out`` (default ``demo_output``), which is printed at the end. A few minutes on
+Everything goes under ``--out`` (default ``demo_output``), which is printed at the end; a rerun replaces the
+previous runs there (``train --overwrite``). A few minutes on
 two CPU cores; ``--smoke`` runs it at a tiny size in seconds (the test suite does).
 """
 
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     for method, extra in (("svi", svi_steps), ("em", em_iters)):
         folder = out / method
         run(["train", "--data", str(train), "--val", str(test), "--model", "chained", "--method", method,
-             "--hops", "2", "--sigma2", "0.1", "--seed", str(args.seed), "--out", str(folder)] + extra)
+             "--hops", "2", "--sigma2", "0.1", "--seed", str(args.seed), "--out", str(folder), "--overwrite"] + extra)
         run(["evaluate", "--checkpoint", str(folder / "checkpoint.pt"), "--data", str(test),
              "--out", str(folder / "heldout.json")])
         run(["predict", "--checkpoint", str(folder / "checkpoint.pt"), "--data", str(test),

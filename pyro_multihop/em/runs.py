@@ -62,8 +62,9 @@ def run_chained_em(train, val, *, hops: int, num_symbols: int, num_targets: int,
     """Closed-form EM of a chained head on ``train`` (``val`` evaluated every iteration); the best model is
     saved to ``checkpoint`` (by rank 0 under a process group)."""
     em = ChainedEM(hops, num_symbols, num_targets, sigma2=sigma2)
-    train = train if device is None else train.to(device)
-    val = None if val is None or device is None else val.to(device)
+    if device is not None:
+        train = train.to(device)
+        val = None if val is None else val.to(device)
     rows, started = [], time.perf_counter()
 
     def callback(iteration, model, stats):
