@@ -388,3 +388,9 @@ def test_babi_help_defaults_agree_with_the_code(capsys):
     assert main(["babi", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "task 1: 1, task 2: 2, task 3: 3" in text and "--hops" in text
+
+
+def test_help_time_benchmark_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "help_time.py"), "--repeats", "1", "--out", str(tmp_path)],
+                   check=True, capture_output=True, timeout=120, env=_environment())
+    assert "| False |" in (tmp_path / "help_time.md").read_text()  # torch not imported by --help

@@ -507,3 +507,10 @@ def test_val_fraction_splits_by_the_seed():
         split_validation(obs, 1.5)
     with pytest.raises(ValueError, match="patience needs held-out data"):
         fit_svi(small_head(), obs, num_steps=5, patience=2, progress=False)
+
+
+def test_length_groups_benchmark_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "length_groups.py"), "--smoke", "--tasks", "1",
+                    "--steps", "1", "--out", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    table = (tmp_path / "length_groups.md").read_text()
+    assert "| 1 | 20 |" in table and "enumerated" in table and "collapsed" in table
