@@ -116,7 +116,7 @@ def _loss_functions(hops: int, context: int, n: int) -> dict:
     from pyro_multihop import ChainedAttention
 
     # The adapters fit_svi(jit=True) uses: observation fields as positional tensors for torch.jit.trace.
-    from pyro_multihop.train import _tensor_arguments, _tensor_signature
+    from pyro_multihop.train import JitFields
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.jit.trace, used by Pyro's jit
     symbols = 30
@@ -124,8 +124,9 @@ def _loss_functions(hops: int, context: int, n: int) -> dict:
     head = ChainedAttention(hops, symbols, symbols, sigma2=0.1, init="identity", seed=0)
     elbo = TraceEnum_ELBO(max_plate_nesting=1)
     jit_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
-    jit_model, jit_guide = _tensor_signature(head.model), _tensor_signature(head.guide)
-    jit_args, jit_static = _tensor_arguments(obs, {})
+    fields = JitFields(obs)
+    jit_model, jit_guide = fields.wrap(head.model), fields.wrap(head.guide)
+    jit_args, jit_static = fields.arguments(obs, {})
     pyro.get_param_store().scope().__enter__()  # one isolated param store for the worker process
 
     def compute(implementation):

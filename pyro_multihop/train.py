@@ -210,7 +210,7 @@ class _Loss:
                 self.train_elbo = JitTrace_ELBO(ignore_jit_warnings=True)
             else:
                 self.train_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
-            self.fields = _DataFields(obs)
+            self.fields = JitFields(obs)
             self._jit_model, self._jit_guide = self.fields.wrap(self.model_fn), self.fields.wrap(self.guide_fn)
         else:
             self.train_elbo = self.exact_elbo
@@ -307,7 +307,7 @@ def _backward(training_loss: torch.Tensor, model) -> None:
     distributed.all_reduce_gradients(model.parameters())
 
 
-class _DataFields:
+class JitFields:
     """How ``JitTraceEnum_ELBO`` sees a data object: its constructor's arguments, read from the attributes
     of the same names (tensors, or None for an absent optional one), passed positionally, and the object
     rebuilt from them inside the traced function. Any data class built that way works; one that is not
