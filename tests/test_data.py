@@ -134,13 +134,13 @@ def test_file_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         Observations.load(tmp_path / "missing.csv")
     (tmp_path / "empty.csv").write_text("query,target,key_0,value_0\n")
-    with pytest.raises(ValueError, match="holds no observations"):
+    with pytest.raises(DataError, match="holds no observations"):
         Observations.load(tmp_path / "empty.csv")
     (tmp_path / "nokeys.csv").write_text("query,target\n1,2\n")
     with pytest.raises(ValueError, match="must have a column 'key_0'"):
         Observations.load(tmp_path / "nokeys.csv")
     (tmp_path / "floats.csv").write_text("query,target,key_0,value_0\n1.5,2,0,1\n")
-    with pytest.raises(DataError, match="data column 'query' row 0: expected an integer symbol, got 1.5"):
+    with pytest.raises(DataError, match="data column 'query' row 0: expected an integer symbol, got 1.5 \\(line 2 of"):
         Observations.load(tmp_path / "floats.csv")
 
 
@@ -169,8 +169,8 @@ def test_a_bad_cell_names_its_row_and_column(tmp_path, column, row, text, proble
     path = _csv_with_cell(tmp_path, column, row, text)
     with pytest.raises(DataError) as caught:
         Observations.load(path)
-    assert str(caught.value) == f"data column {column!r} row {row}: {problem}"
-    assert (caught.value.row, caught.value.column) == (row, column)
+    assert str(caught.value) == f"data file {str(path)!r}: data column {column!r} row {row}: {problem} (line {row + 2} of the file)"
+    assert (caught.value.row, caught.value.column, caught.value.line, caught.value.path) == (row, column, row + 2, path)
     assert isinstance(caught.value, ValueError)
 
 
@@ -184,10 +184,14 @@ def test_integer_valued_floats_are_symbols_and_mask_cells_must_be_booleans():
         Observations.from_dataframe(frame)
 
 
-def test_from_dataframe_rejects_missing_value_columns():
+def test_from_dataframe_rejects_unpaired_and_unknown_columns():
     frame = pd.DataFrame({"query": [0], "target": [0], "key_0": [1], "key_1": [2], "value_0": [3]})
-    with pytest.raises(ValueError, match=r"missing \['value_1'\]"):
+    with pytest.raises(DataError, match="data column 'key_1': the column has no 'value_1'"):
         Observations.from_dataframe(frame)
+    frame = small_obs().to_dataframe().assign(note=["a", "b"])
+    with pytest.raises(DataError, match="data column 'note': unknown column"):
+        Observations.from_dataframe(frame)
+    assert Observations.from_dataframe(frame, extra_columns=["note"]) == small_obs()
 
 
 def test_transitive_task_structure():
