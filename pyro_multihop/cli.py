@@ -225,51 +225,15 @@ def _device(text: str):
     return device
 
 
-def _read_frame(path: Path, shard: Optional[tuple] = None):
-    import pandas as pd
-
-    from .data import read_frame
+def _load_data(path: Path, require_target: bool = True, shard: Optional[tuple] = None):
+    """``(Observations, has_target)`` from a data file (only rows of ``shard = (rank, world_size)`` if
+    given); without a target column the targets are 0. Errors name the file, row, line and cell."""
+    from .data import Observations, read_columns
 
     if not path.is_file():
         raise CommandError(f"data file {str(path)!r} does not exist")
-    try:
-        if shard is not None:
-            return read_frame(path, shard)  # may be empty: a process with no rows of the file
-        frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
-    except ImportError as error:
-        raise CommandError(f"cannot read {str(path)!r}: {error}") from None
-    except Exception as error:  # pandas and pyarrow raise many types for damaged files
-        raise CommandError(f"cannot read data file {str(path)!r}: {_first_line(error)}") from None
-    if len(frame) == 0:
-        raise CommandError(f"data file {str(path)!r} holds no observations")
-    return frame
-
-
-def _load_data(path: Path, require_target: bool = True, shard: Optional[tuple] = None):
-    """``(Observations, has_target)`` from a data file (only rows of ``shard = (rank, world_size)`` if
-    given); without a target column the targets are 0."""
-    from .data import Observations
-
-    frame = _read_frame(path, shard)
-    has_target = "target" in frame.columns
-    if not has_target:
-        if require_target:
-            raise CommandError(f"data file {str(path)!r} must have a column 'target'")
-        frame = frame.assign(target=0)
-    try:
-        if len(frame) == 0:
-            return Observations._empty(frame), has_target
-        return Observations.from_dataframe(frame), has_target
-    except (ValueError, TypeError) as error:
-        where = _csv_line(error, path)
-        raise CommandError(f"data file {str(path)!r}: {error}{where}") from None
-
-
-def _csv_line(error: Exception, path: Path) -> str:
-    """`` (line L of the file)`` for a bad cell of a .csv file: rows count from 0 after the header line."""
-    from .data import DataError
-
-    return f" (line {error.row + 2} of the file)" if isinstance(error, DataError) and path.suffix == ".csv" else ""
+    has_target = "target" in read_columns(path)
+    return Observations.load(path, shard, allow_missing_target=not require_target), has_target
 
 
 def _load_checkpoint(path: Path, device):
