@@ -68,7 +68,7 @@ from pyro import poutine
 from tqdm.auto import tqdm
 
 from . import distributed
-from .checkpoint import CheckpointError, current_parameter_names, load_parameters, read_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
 from .data import Observations
 
 __all__ = ["SVI_DEFAULTS", "TrainingInterrupted", "fit_svi", "svi_settings"]
@@ -546,8 +546,6 @@ def _run(model, loss, val, settings, progress, callback, checkpoint, checkpoint_
         if payload["optimizer"] is not None:
             optimizer.load_state_dict(payload["optimizer"])
         guard.load(training["guard"])
-        if guard.best_state is not None:
-            guard.best_state = current_parameter_names(model, guard.best_state)
         _set_rng_state(_own_rng_state(training, checkpoint), device)
         rows = list(training["rows"])
         start = resumed_from = int(payload["step"])
