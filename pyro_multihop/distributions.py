@@ -118,7 +118,9 @@ class CollapsedHopChain(TorchDistribution):
         context = self.context
         if value is context.target:
             return context
-        return Observations(context.keys, context.values, context.query, value, context.mask)
+        # The context was validated when it was built; ``log_prob`` checks ``value`` against the support when
+        # validation is on. No second validation (and no host synchronisation) per call.
+        return Observations.trusted(context.keys, context.values, context.query, value.long(), context.mask)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         from . import engine
