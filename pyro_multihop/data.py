@@ -544,8 +544,10 @@ def _parquet_file(path: Path):
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path, page_checksum_verification=True)
-    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
+        source = pq.ParquetFile(path, page_checksum_verification=True)
+        source.schema_arrow  # noqa: B018 - a damaged schema raises here, not later
+        return source
+    except Exception as error:  # ArrowInvalid (a ValueError), OSError, ArrowNotImplementedError, ...
         raise _damaged(path, error) from None
 
 
@@ -559,24 +561,31 @@ def _read_parquet_rows(path: Path, shard: Optional[tuple]) -> pd.DataFrame:
     their row in the file; page checksums are verified where the file has them."""
     source = _parquet_file(path)
     try:
-        if shard is None:
-            return source.read().to_pandas().set_axis(range(source.metadata.num_rows))
-        start, stop = _shard_range(source.metadata.num_rows, *shard, path)
-        groups, first_row, offset = [], None, 0
-        for group in range(source.num_row_groups):
-            rows = source.metadata.row_group(group).num_rows
-            if offset < stop and offset + rows > start:
-                groups.append(group)
-                first_row = offset if first_row is None else first_row
-            offset += rows
-        if not groups:
-            return source.schema_arrow.empty_table().to_pandas()
-        table = source.read_row_groups(groups).slice(start - first_row, stop - start)
-        return table.to_pandas().set_axis(range(start, stop))
+        frame = _parquet_frame(source, shard, path)
     except DataError:
         raise
-    except (OSError, ValueError) as error:
+    except Exception as error:  # pyarrow and pandas raise many types for a damaged footer or pandas metadata
         raise _damaged(path, error) from None
+    if list(frame.columns) != list(source.schema_arrow.names):
+        raise _damaged(path, ValueError("its pandas metadata does not match its columns"))
+    return frame
+
+
+def _parquet_frame(source, shard: Optional[tuple], path: Path) -> pd.DataFrame:
+    if shard is None:
+        return source.read().to_pandas().set_axis(range(source.metadata.num_rows))
+    start, stop = _shard_range(source.metadata.num_rows, *shard, path)
+    groups, first_row, offset = [], None, 0
+    for group in range(source.num_row_groups):
+        rows = source.metadata.row_group(group).num_rows
+        if offset < stop and offset + rows > start:
+            groups.append(group)
+            first_row = offset if first_row is None else first_row
+        offset += rows
+    if not groups:
+        return source.schema_arrow.empty_table().to_pandas()
+    table = source.read_row_groups(groups).slice(start - first_row, stop - start)
+    return table.to_pandas().set_axis(range(start, stop))
 
 
 def _check_shard(shard) -> tuple:
