@@ -141,6 +141,7 @@ def test_checkpoints_with_the_old_unconstrained_names_are_refused_with_what_to_d
     old_names = {"key_tables": "key_tables_unconstrained", "emission_logits": "emission_logits_unconstrained",
                  "guide.loc": "guide.loc_unconstrained"}
     payload["state_dict"] = {old_names.get(k, k): v for k, v in payload["state_dict"].items()}
+    del payload["sha256"]  # the checkpoints of that time had none
     torch.save(payload, path)
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(path)
@@ -181,11 +182,22 @@ def _saved_payload(tmp_path):
 )
 def test_a_bad_entry_or_parameter_is_named(tmp_path, edit, message):
     path, payload = _saved_payload(tmp_path)
+    del payload["sha256"]  # as a file written without a digest (the digest would name the change as damage)
     edit(payload)
     torch.save(payload, path)
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(path)
     assert str(caught.value).startswith(f"checkpoint {str(path)!r}: ") and message in str(caught.value), caught.value
+
+
+def test_a_changed_parameter_or_setting_breaks_the_digest(tmp_path):
+    path, payload = _saved_payload(tmp_path)
+    for edit in (lambda p: p["state_dict"]["key_tables"].__setitem__((1, 2, 3), 0.5), lambda p: p.update(step=7)):
+        changed = {**payload, "state_dict": {k: v.clone() for k, v in payload["state_dict"].items()}}
+        edit(changed)
+        torch.save(changed, path)
+        with pytest.raises(CheckpointError, match="is damaged: its parameters or configuration do not match"):
+            load_checkpoint(path)
 
 
 def test_vocabulary_round_trip_and_checks(tmp_path):
@@ -206,6 +218,7 @@ def test_unknown_class_and_bad_config(tmp_path):
     path = tmp_path / "head.pt"
     save_checkpoint(path, head)
     payload = read_checkpoint(path)
+    del payload["sha256"]  # as a file written without a digest (the digest would name the change as damage)
     payload["model_class"] = "NoSuchHead"
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="NoSuchHead"):
@@ -266,4 +279,4 @@ def test_checkpoint_is_a_plain_dictionary(tmp_path):
     assert payload["format"] == "pyro-multihop-checkpoint" and payload["version"] == 1
     assert payload["model_class"] == "ChainedAttention" and payload["config"] == head.config()
     assert set(payload) == {"format", "version", "model_class", "config", "dtype", "state_dict", "optimizer", "step", "extra",
-                            "vocabulary"}
+                            "vocabulary", "sha256"}
