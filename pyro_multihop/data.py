@@ -384,15 +384,14 @@ class _Layout:
                             if name == names[0] else " (a trailing comma on the header line?)")
                 raise DataError(f"unknown column; columns are query, target, key_i, value_i and, for padded "
                                 f"contexts, mask_i for i = 0..N-1{hint}", path=path, column=name)
-        required = ["query", "key_0"] + ([] if allow_missing_target else ["target"])
-        for name in required:
-            if name not in seen:
-                raise DataError(f"data must have a column {name!r}; columns are {list(names)}", path=path)
         keys = indices["key"]
         for kind in ("value", "mask"):
             orphans = sorted(indices[kind] - keys)
             if orphans:
                 raise DataError(f"the column has no 'key_{orphans[0]}'", path=path, column=f"{kind}_{orphans[0]}")
+        for name in ["query", "key_0"] + ([] if allow_missing_target else ["target"]):
+            if name not in seen:
+                raise DataError(f"data must have a column {name!r}; columns are {list(names)}", path=path)
         for kind in ("value", "mask") if indices["mask"] else ("value",):
             lonely = sorted(keys - indices[kind])
             if lonely:
@@ -508,12 +507,16 @@ def _first_bad_line(path: Path, width: int) -> DataError:
     return DataError("cannot read the file as CSV", path=path)
 
 
-def _read_csv(path: Path, width: int, **options) -> pd.DataFrame:
-    """``pd.read_csv`` with the strict options, its errors turned into :class:`DataError` naming the line."""
+def _read_csv(path: Path, width: int, count_rows: bool = False, **options):
+    """``pd.read_csv`` with the strict options (or the number of rows, counted in chunks of one parsed column),
+    its errors turned into :class:`DataError` naming the line."""
     try:
         with warnings.catch_warnings():
             # index_col=False: pandas warns (and drops the extra field) when every data row is longer
             warnings.simplefilter("error", pd.errors.ParserWarning)
+            if count_rows:
+                chunks = pd.read_csv(path, usecols=[0], chunksize=_CSV_CHUNK_ROWS, **_CSV_OPTIONS)
+                return sum(len(chunk) for chunk in chunks)
             return pd.read_csv(path, **_CSV_OPTIONS, **options)
     except (UnicodeDecodeError, pd.errors.ParserWarning):
         raise _first_bad_line(path, width) from None
@@ -532,7 +535,7 @@ def _read_csv_rows(path: Path, shard: Optional[tuple], header: list) -> pd.DataF
     A shard's rows: one chunked pass counts the rows (one column parsed), a second parses only them."""
     width, start, options = len(header), 0, {}
     if shard is not None:
-        n = sum(len(chunk) for chunk in _read_csv(path, width, usecols=[0], chunksize=_CSV_CHUNK_ROWS))
+        n = _read_csv(path, width, count_rows=True)
         start, stop = _shard_range(n, *shard, path)
         options = {"skiprows": range(1, start + 1), "nrows": stop - start}
     frame = _read_csv(path, width, **options)
@@ -677,14 +680,24 @@ def _object_integer(cell) -> Optional[int]:
     return None
 
 
+def _mask_cell(cell) -> Optional[bool]:
+    """A mask cell as a bool: True/False, or the text ``True``/``true``/``TRUE`` and likewise False; else None."""
+    if isinstance(cell, (bool, np.bool_)):
+        return bool(cell)
+    if isinstance(cell, str):
+        return {"true": True, "false": False}.get(cell.strip().lower())
+    return None
+
+
 def _mask_column(cells: _Cells, name: str) -> np.ndarray:
     """Mask column ``name`` as bool; a :class:`DataError` names the first cell that is not True or False."""
     column = cells.frame[name]
     if pd.api.types.is_bool_dtype(column.dtype) and not column.hasnans:
         return column.to_numpy(dtype=bool)
-    bad = ~column.map(lambda cell: isinstance(cell, (bool, np.bool_))).to_numpy(dtype=bool)
+    parsed = [_mask_cell(cell) for cell in column.tolist()]
+    bad = np.array([value is None for value in parsed], dtype=bool)
     if not bad.any():
-        return column.to_numpy(dtype=bool)
+        return np.array(parsed, dtype=bool)
     position = int(bad.nonzero()[0][0])
     problem = cells.row_problem(position)
     if problem is not None:

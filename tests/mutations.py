@@ -30,6 +30,12 @@ class Case:
     kind: str
     content: bytes
     expect: Optional[Tuple[str, ...]]
+    or_exact: bool = False  # an exact round trip is fine too (a flipped bit in a part the reader ignores)
+
+
+def with_mask(obs):
+    """``obs`` with an explicit mask (all True where it had none), so that the file has mask columns."""
+    return type(obs)(obs.keys, obs.values, obs.query, obs.target, obs.full_mask())
 
 
 # -- CSV -----------------------------------------------------------------------------------------------------------
@@ -77,7 +83,7 @@ def csv_bad_cell(obs, pick: Pick) -> Case:
 
 
 def csv_bad_mask_cell(obs, pick: Pick) -> Case:
-    header, rows = csv_rows(obs.with_mask())
+    header, rows = csv_rows(with_mask(obs))
     row = pick(len(rows))
     column = [i for i, name in enumerate(header) if name.startswith("mask_")][pick(obs.context_len)]
     text = ["yes", "1", "", "maybe"][pick(4)]
@@ -121,8 +127,6 @@ def csv_ragged_row(obs, pick: Pick) -> Case:
     longer = pick(2) == 1
     rows[row] = rows[row] + ["7"] if longer else rows[row][:-1]
     fields = len(header) + (1 if longer else -1)
-    if len(rows) == 1 and longer:  # every row longer: the shifted-columns case
-        pass
     return Case("extra field" if longer else "missing field", csv_text(header, rows),
                 (f"data row {row}: ", f"the row has {fields} fields, the header has {len(header)}",
                  f"(line {row + 2} of the file)"))
@@ -172,7 +176,7 @@ def _rename(header, rows, old, new):
 def csv_column_set(obs, pick: Pick) -> Case:
     """A column deleted, renamed, duplicated, orphaned or unknown; partial masks."""
     masked = pick(2) == 1
-    source = obs.with_mask() if masked else obs
+    source = with_mask(obs) if masked else obs
     header, rows = csv_rows(source)
     N = obs.context_len
     i = pick(N)
@@ -262,7 +266,7 @@ def parquet_cell(obs, pick: Pick) -> Case:
     elif variant == 7:
         frame[name] = column.astype(str)
         frame.loc[row, name] = "seven"
-        expect = (f"data column {name!r} row ", "got 'seven'")
+        expect = (f"data column {name!r} row {row}: ", "got 'seven'")
     elif variant == 8:
         frame[name] = column.astype(float)
         frame.loc[row, name] = 1e20
@@ -305,7 +309,7 @@ def parquet_damage(obs, pick: Pick) -> Case:
     if pick(2):
         position = pick(len(content))
         content[position] ^= 1 << pick(8)
-        return Case(f"bit flip at {position}", bytes(content), ("",))
+        return Case(f"bit flip at {position}", bytes(content), ("",), or_exact=True)
     cut = pick(len(content))
     return Case(f"cut at {cut}", bytes(content[:cut]), ("",))
 
@@ -368,3 +372,69 @@ BABI_KINDS = [babi_question_without_tabs, babi_bad_supporting_id, babi_cut, babi
 def one_line(message: str) -> str:
     """``message`` with the file name made generic (for readable assertion failures)."""
     return re.sub(r"'[^']*/", "'.../", message)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------------
+def checkpoint_bytes(payload: dict) -> bytes:
+    import torch
+
+    stream = io.BytesIO()
+    torch.save(payload, stream)
+    return stream.getvalue()
+
+
+def checkpoint_entry(payload: dict, pick: Pick) -> Case:
+    """An entry or a parameter of the wrong type, dtype, shape or value, in a file written without a digest
+    (with one, every such edit is refused as damage)."""
+    import torch
+
+    payload = {**payload, "state_dict": {k: v.clone() for k, v in payload["state_dict"].items()}}
+    del payload["sha256"]
+    state = payload["state_dict"]
+    name = sorted(state)[pick(len(state))]
+    tensor = state[name]
+    variant = pick(10)
+    if variant == 0:
+        payload["state_dict"] = list(state.items())
+        expect = ("entry 'state_dict' must be a dictionary of tensors, got a list",)
+    elif variant == 1:
+        state[name] = tensor.long() if tensor.is_floating_point() else tensor.double()
+        expect = (f"parameter {name!r} must have dtype {tensor.dtype} like the model's, got {state[name].dtype}",)
+    elif variant in (2, 3):
+        index = tuple(pick(size) for size in tensor.shape)
+        value = [float("nan"), float("inf"), float("-inf")][pick(3)]
+        state[name] = tensor.clone().index_put_(tuple(torch.tensor([i]) for i in index), torch.tensor(value, dtype=tensor.dtype))
+        expect = (f"parameter {name!r} must be finite, got {value} at index {index}",)
+    elif variant == 4:
+        state[name] = tensor.reshape(-1)[:-1] if tensor.numel() > 1 else tensor.reshape(1, -1)
+        expect = (f"parameter {name!r} must have shape {tuple(tensor.shape)}, got {tuple(state[name].shape)}",)
+    elif variant == 5:
+        del state[name]
+        expect = (f"parameter {name!r} of ", "is missing")
+    elif variant == 6:
+        state[name + "_unconstrained"] = state.pop(name)
+        expect = (f"parameter '{name}_unconstrained' has the name it had before", "rename every entry")
+    elif variant == 7:
+        payload[["config", "step", "optimizer", "extra"][pick(4)]] = ["not", "valid"]
+        expect = ("must be a", "got a list")
+    elif variant == 8:
+        payload["vocabulary"] = ["a", "b", "a"] if pick(2) else ["a", 7]
+        expect = ("entry 'vocabulary' must hold",)
+    else:
+        state[name] = tensor.tolist()
+        expect = (f"parameter {name!r} must be a tensor, got a list",)
+    return Case(f"checkpoint entry {variant}", checkpoint_bytes(payload), expect)
+
+
+def checkpoint_damage(payload: dict, pick: Pick) -> Case:
+    """A bit flipped or the file cut: a named error, or (a flip in a part nobody reads) the checkpoint exactly."""
+    content = bytearray(checkpoint_bytes(payload))
+    if pick(2):
+        position = pick(len(content))
+        content[position] ^= 1 << pick(8)
+        return Case(f"bit flip at {position}", bytes(content), ("",), or_exact=True)
+    cut = pick(len(content))
+    return Case(f"cut at {cut}", bytes(content[:cut]), ("",))
+
+
+CHECKPOINT_KINDS = [checkpoint_entry, checkpoint_damage]
