@@ -175,7 +175,7 @@ def _rename(header, rows, old, new):
 
 def csv_column_set(obs, pick: Pick) -> Case:
     """A column deleted, renamed, duplicated, orphaned or unknown; partial masks."""
-    masked = pick(2) == 1
+    masked = obs.mask is not None or pick(2) == 1
     source = with_mask(obs) if masked else obs
     header, rows = csv_rows(source)
     N = obs.context_len

@@ -300,3 +300,81 @@ def test_bad_shards_are_named(tmp_path, shard):
     transitive_task(10, seed=0).save(tmp_path / "data.csv")
     with pytest.raises(ValueError, match="shard"):
         Observations.load(tmp_path / "data.csv", shard=shard)
+
+
+def test_slices_copies_chunks_and_the_plate_do_not_validate_again(monkeypatch):
+    """Observations validate once: slices, ``to``, the engine's chunks, the collapsed distribution and the
+    plate go through ``Observations.trusted`` (no checks, no host synchronisations)."""
+    import pyro
+    from pyro import poutine
+
+    from pyro_multihop import ChainedAttention
+    from pyro_multihop.distributions import CollapsedHopChain
+
+    obs = task_with_padding(masked=True)
+    head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
+    expected = head.log_likelihood(obs)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(Observations, "__init__", refuse)
+    assert obs[3:7].keys.shape == (4, obs.context_len) and obs[torch.tensor([1, 0])].query.tolist() == obs.query[[1, 0]].tolist()
+    assert obs.to("cpu").mask is not None and len(obs[2]) == 1
+    assert torch.allclose(head.log_likelihood(obs, budget=1 << 12), expected)  # many chunks of obs[rows]
+    collapsed = CollapsedHopChain(head.hop_gates(), obs)
+    assert torch.allclose(collapsed.log_prob(obs.target), expected)
+    shifted = (obs.target + 1) % 30
+    assert collapsed.log_prob(shifted).shape == (len(obs),)
+    with pyro.plate_stack("check", ()):
+        trace = poutine.trace(head.collapsed_model).get_trace(obs, subsample_size=7)
+    assert trace.nodes["target"]["value"].shape == (7,)
+
+
+def test_trusted_takes_tensors_as_given():
+    obs = small_obs(masked=True)
+    again = Observations.trusted(obs.keys, obs.values, obs.query, obs.target, obs.mask)
+    assert again == obs and again.keys is obs.keys
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_sharded_read_names_the_row_and_line_of_the_file(tmp_path, suffix):
+    frame = transitive_task(40, seed=0).to_dataframe()
+    frame.loc[35, "value_2"] = -4
+    path = tmp_path / f"data{suffix}"
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path, index=False, row_group_size=8)
+    assert len(Observations.load(path, shard=(0, 2))) == 20  # rows 0..19 are fine
+    with pytest.raises(DataError) as caught:
+        Observations.load(path, shard=(1, 2))
+    line = " (line 37 of the file)" if suffix == ".csv" else ""
+    assert str(caught.value) == (f"data file {str(path)!r}: data column 'value_2' row 35: expected a non-negative "
+                                 f"integer symbol, got -4{line}")
+
+
+def test_missing_target_extra_columns_and_read_columns(tmp_path):
+    from pyro_multihop.data import read_columns
+
+    obs = small_obs()
+    frame = obs.to_dataframe().drop(columns="target").assign(note=["a", "b"])
+    frame.to_csv(tmp_path / "data.csv", index=False)
+    assert read_columns(tmp_path / "data.csv")[-1] == "note"
+    with pytest.raises(DataError, match="data column 'note': unknown column"):
+        Observations.load(tmp_path / "data.csv", allow_missing_target=True)
+    with pytest.raises(DataError, match="data must have a column 'target'"):
+        Observations.load(tmp_path / "data.csv", extra_columns=["note"])
+    loaded = Observations.load(tmp_path / "data.csv", extra_columns=["note"], allow_missing_target=True)
+    assert torch.equal(loaded.keys, obs.keys) and loaded.target.tolist() == [0, 0]
+
+
+def test_parquet_is_written_with_page_checksums(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    small_obs().save(tmp_path / "data.parquet")
+    data = bytearray((tmp_path / "data.parquet").read_bytes())
+    key_0 = pq.ParquetFile(tmp_path / "data.parquet").metadata.row_group(0).column(2)
+    assert key_0.path_in_schema == "key_0" and key_0.has_dictionary_page
+    data[key_0.data_page_offset - 8] ^= 1  # the low byte of the dictionary's last value, 3, of key_0
+    (tmp_path / "data.parquet").write_bytes(bytes(data))
+    unchecked = pq.read_table(tmp_path / "data.parquet", page_checksum_verification=False)
+    assert unchecked.column("key_0").to_pylist() == [0, 2]  # a valid value: only the checksum tells
+    with pytest.raises(DataError, match="the Parquet file is damaged or not Parquet"):
+        Observations.load(tmp_path / "data.parquet")
