@@ -276,7 +276,11 @@ class Observations:
             one; empty when ``n < world_size``). Parquet reads only the row groups that hold them, CSV
             counts the rows in chunks and then parses only them, so no process holds the whole file.
             Errors name the row and line of the file, not of the shard.
-        :param extra_columns: as in :meth:`from_dataframe`; :param allow_missing_target: likewise.
+        :param extra_columns: names of further columns the file may hold; they are not read.
+        :param allow_missing_target: without a ``target`` column every target is 0 (for predictions; check
+            ``"target" in read_columns(path)`` to tell).
+        :raises DataError: (a ``ValueError``) as :meth:`from_dataframe`, and for a row with more or fewer
+            fields than the header, a blank line, bytes that are not UTF-8, a damaged Parquet file.
         """
         path = _data_path(path)
         shard = None if shard is None else _check_shard(shard)

@@ -305,7 +305,13 @@ def parquet_column_set(obs, pick: Pick) -> Case:
 def parquet_damage(obs, pick: Pick) -> Case:
     """A bit flipped or the file cut: a named error, or (a flip in a statistic the reader ignores) the data
     exactly; page checksums catch flips in the data pages."""
-    content = bytearray(parquet_bytes(obs.to_dataframe()))
+    return damaged(parquet_bytes(obs.to_dataframe()), pick)
+
+
+def damaged(content: bytes, pick: Pick) -> Case:
+    """``content`` with one bit flipped (a named error or, where nothing reads that bit, the same data) or cut
+    short (a named error)."""
+    content = bytearray(content)
     if pick(2):
         position = pick(len(content))
         content[position] ^= 1 << pick(8)
@@ -428,13 +434,7 @@ def checkpoint_entry(payload: dict, pick: Pick) -> Case:
 
 def checkpoint_damage(payload: dict, pick: Pick) -> Case:
     """A bit flipped or the file cut: a named error, or (a flip in a part nobody reads) the checkpoint exactly."""
-    content = bytearray(checkpoint_bytes(payload))
-    if pick(2):
-        position = pick(len(content))
-        content[position] ^= 1 << pick(8)
-        return Case(f"bit flip at {position}", bytes(content), ("",), or_exact=True)
-    cut = pick(len(content))
-    return Case(f"cut at {cut}", bytes(content[:cut]), ("",))
+    return damaged(checkpoint_bytes(payload), pick)
 
 
 CHECKPOINT_KINDS = [checkpoint_entry, checkpoint_damage]
