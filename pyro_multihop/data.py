@@ -505,10 +505,13 @@ def _first_bad_line(path: Path, width: int) -> DataError:
                 return _not_utf8(path, line, raw, error)
             fields = next(csv.reader([text.rstrip("\r\n")]), [])
             if line > 1 and len(fields) != width:
-                extra = " (an extra trailing field?)" if len(fields) == width + 1 else ""
-                return DataError(f"the row has {len(fields)} fields, the header has {width}{extra}", path=path,
-                                 row=line - 2, line=line)
+                return _width_error(path, line, len(fields), width)
     return DataError("cannot read the file as CSV", path=path)
+
+
+def _width_error(path: Path, line: int, fields: int, width: int) -> DataError:
+    extra = " (an extra trailing field?)" if fields == width + 1 else ""
+    return DataError(f"the row has {fields} fields, the header has {width}{extra}", path=path, row=line - 2, line=line)
 
 
 def _read_csv(path: Path, width: int, count_rows: bool = False, **options):
@@ -528,9 +531,7 @@ def _read_csv(path: Path, width: int, count_rows: bool = False, **options):
         found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(error))
         if found is None:
             raise DataError(f"cannot read the file as CSV: {str(error).strip().splitlines()[0]}", path=path) from None
-        line = int(found.group(2))
-        raise DataError(f"the row has {found.group(3)} fields, the header has {width}", path=path, row=line - 2,
-                        line=line) from None
+        raise _width_error(path, int(found.group(2)), int(found.group(3)), width) from None
 
 
 def _read_csv_rows(path: Path, shard: Optional[tuple], header: list) -> pd.DataFrame:

@@ -87,11 +87,11 @@ def expect_command(case, capsys, argv):
         assert fragment in lines[0], (case.kind, fragment, lines[0])
 
 
-@checked(60)
+@pytest.mark.parametrize("kind", mutations.CSV_KINDS, ids=lambda kind: kind.__name__)
+@checked(8)
 @given(obs=observations(), data=st.data())
-def test_csv_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, checkpoint, obs, data):
+def test_csv_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, checkpoint, obs, data, kind):
     pick = picker(data)
-    kind = data.draw(st.sampled_from(mutations.CSV_KINDS), label="kind")
     case = kind(obs, pick)
     path = tmp_path_factory.getbasetemp() / "mutated.csv"
     path.write_bytes(case.content)
@@ -119,12 +119,12 @@ def test_a_csv_cut_inside_its_last_number_is_undetectable_as_documented(tmp_path
     assert Observations.load(path).values.tolist() == [[3, 4]]
 
 
-@checked(40)
+@pytest.mark.parametrize("kind", mutations.PARQUET_KINDS, ids=lambda kind: kind.__name__)
+@checked(12)
 @given(obs=observations(), data=st.data())
-def test_parquet_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, checkpoint, obs, data):
+def test_parquet_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, checkpoint, obs, data, kind):
     pytest.importorskip("pyarrow")
     pick = picker(data)
-    kind = data.draw(st.sampled_from(mutations.PARQUET_KINDS), label="kind")
     case = kind(obs, pick)
     path = tmp_path_factory.getbasetemp() / "mutated.parquet"
     path.write_bytes(case.content)
@@ -133,12 +133,12 @@ def test_parquet_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, c
         expect_command(case, capsys, ["evaluate", "--checkpoint", str(checkpoint), "--data", str(path)])
 
 
-@checked(40)
+@pytest.mark.parametrize("kind", mutations.CHECKPOINT_KINDS, ids=lambda kind: kind.__name__)
+@checked(20)
 @given(data=st.data())
-def test_checkpoint_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, checkpoint, data):
+def test_checkpoint_mutations_are_named_or_read_exactly(tmp_path_factory, capsys, checkpoint, data, kind):
     payload = read_checkpoint(checkpoint)
     original, _ = load_checkpoint(checkpoint)
-    kind = data.draw(st.sampled_from(mutations.CHECKPOINT_KINDS), label="kind")
     case = kind(payload, picker(data))
     path = tmp_path_factory.getbasetemp() / "mutated.pt"
     path.write_bytes(case.content)
@@ -177,9 +177,10 @@ def babi_stories(draw):
     return "".join(lines)
 
 
-@checked(40)
+@pytest.mark.parametrize("kind", mutations.BABI_KINDS, ids=lambda kind: kind.__name__)
+@checked(10)
 @given(story=babi_stories(), data=st.data())
-def test_babi_mutations_are_named_or_read_exactly(tmp_path_factory, story, data):
+def test_babi_mutations_are_named_or_read_exactly(tmp_path_factory, story, data, kind):
     folder = tmp_path_factory.getbasetemp()
     (folder / "valid.txt").write_text(story)
 
@@ -187,7 +188,6 @@ def test_babi_mutations_are_named_or_read_exactly(tmp_path_factory, story, data)
         return [(q.statements, q.question, q.answer, q.supporting, q.source.rsplit(":", 1)[1]) for q in questions]
 
     expected = parsed(read_babi(folder / "valid.txt"))
-    kind = data.draw(st.sampled_from(mutations.BABI_KINDS), label="kind")
     case = kind(story, picker(data))
     path = folder / "mutated.txt"
     path.write_bytes(case.content)
