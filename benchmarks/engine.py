@@ -804,6 +804,7 @@ def main(argv=None) -> int:
         rows = []
         for point in grid:
             rows += call("hmm_section", [point], repeats)
+            print(hmm_table(rows[-1:], [])[-1], flush=True)
         sizes = SMOKE_HMM_MEMORY if smoke else HMM_MEMORY
         memory = [call("hmm_peak", which, sizes["n"], sizes["N"], sizes["S"]) for which in ("DiscreteHMM", "library")]
         print(memory, flush=True)
