@@ -273,19 +273,21 @@ def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
     }
 
 
-def speed_section(grid, repeats: int) -> list:
+def _points(point, grid, repeats: int, describe) -> list:
+    """``point(*p, repeats)`` at every ``p`` of ``grid``, each row printed as ``describe(row)``."""
     rows = []
-    for point in grid:
-        row = speed_point(*point, repeats)
-        rows.append(row)
-        print(
-            f"N={row['N']:4d} S={row['S']:5d} {row['route']:9s} n={row['n']:6d}  ll {row['log_likelihood_ms']:8.2f}"
-            f"  pp {row['predict_proba_ms']:8.2f}  e_step {row['e_step_ms']:8.2f} ms  ratios "
-            f"{row['log_likelihood_ratio']:.2f}/{row['predict_proba_ratio']:.2f} | n={row['n_loss']:5d} collapsed "
-            f"{row['collapsed_ms']:8.2f}  enumerated {row['enumerated_ms']:8.2f} ms  x{row['collapsed_speedup']:.1f}",
-            flush=True,
-        )
+    for arguments in grid:
+        rows.append(point(*arguments, repeats))
+        print(describe(rows[-1]), flush=True)
     return rows
+
+
+def speed_section(grid, repeats: int) -> list:
+    return _points(speed_point, grid, repeats, lambda row: (
+        f"N={row['N']:4d} S={row['S']:5d} {row['route']:9s} n={row['n']:6d}  ll {row['log_likelihood_ms']:8.2f}"
+        f"  pp {row['predict_proba_ms']:8.2f}  e_step {row['e_step_ms']:8.2f} ms  ratios "
+        f"{row['log_likelihood_ratio']:.2f}/{row['predict_proba_ratio']:.2f} | n={row['n_loss']:5d} collapsed "
+        f"{row['collapsed_ms']:8.2f}  enumerated {row['enumerated_ms']:8.2f} ms  x{row['collapsed_speedup']:.1f}"))
 
 
 def speed_table(rows: list) -> list:
@@ -504,17 +506,10 @@ def hmm_point(N: int, S: int, n: int, repeats: int) -> dict:
 
 
 def hmm_section(grid, repeats: int) -> list:
-    rows = []
-    for point in grid:
-        row = hmm_point(*point, repeats)
-        rows.append(row)
-        print(
-            f"N={row['N']:4d} S={row['S']:5d} n={row['n']:6d}  build {row['build_ms']:8.2f}  hmm {row['hmm_forward_ms']:8.2f}"
-            f"  library {row['library_forward_ms']:8.2f} ms  x{row['forward_ratio']:.1f} | loss hmm {row['hmm_loss_ms']:8.2f}"
-            f"  library {row['library_loss_ms']:8.2f} ms  x{row['loss_ratio']:.1f}",
-            flush=True,
-        )
-    return rows
+    return _points(hmm_point, grid, repeats, lambda row: (
+        f"N={row['N']:4d} S={row['S']:5d} n={row['n']:6d}  build {row['build_ms']:8.2f}  hmm {row['hmm_forward_ms']:8.2f}"
+        f"  library {row['library_forward_ms']:8.2f} ms  x{row['forward_ratio']:.1f} | loss hmm {row['hmm_loss_ms']:8.2f}"
+        f"  library {row['library_loss_ms']:8.2f} ms  x{row['loss_ratio']:.1f}"))
 
 
 def hmm_peak(which: str, n: int, N: int, S: int) -> dict:
