@@ -131,8 +131,7 @@ def embedding_score_tables(embeddings: torch.Tensor, sigma2: float, n_hops: int)
 
 def embedding_hop_gates(embeddings: torch.Tensor, log_emission: torch.Tensor, sigma2: float, n_hops: int) -> engine.HopGates:
     """The engine's view (:class:`~pyro_multihop.engine.HopGates`) of the tied head at ``embeddings (S, D)``
-    with the ``(S, T)`` log emission table; ``embeddings (*batch, S, D)`` (vectorised particles) give batched
-    gates, which only :class:`~pyro_multihop.distributions.CollapsedHopChain` reads."""
+    with the ``(S, T)`` log emission table."""
     scores = embedding_score_tables(embeddings, sigma2, n_hops)
     return engine.HopGates(log_emission, functools.partial(engine.chain_from_scores, scores), n_hops, scores)
 
