@@ -165,13 +165,13 @@ class CollapsedHopChain(TorchDistribution):
         index = torch.arange(max(1, math.prod(groups))).reshape(groups)
         return index.expand(lead).reshape(-1).tolist()
 
-    def _with_target(self, target: torch.Tensor):
+    def _with_target(self, value: torch.Tensor):
         from .data import Observations
 
         context = self.context
-        if target is context.target:
+        if value is context.target:
             return context
-        return Observations(context.keys, context.values, context.query, target, context.mask)
+        return Observations(context.keys, context.values, context.query, value, context.mask)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         """``broadcast(value.shape, batch_shape)`` exact log-likelihoods of the targets ``value``."""
