@@ -123,9 +123,10 @@ def embedding_gate_logits(
 
 
 def embedding_score_tables(embeddings: torch.Tensor, sigma2: float, n_hops: int) -> torch.Tensor:
-    """``(L, S, S)`` gate score tables of the tied head at ``embeddings (S, D)``: the same table
-    ``-||e_q - e_k||^2 / 2 sigma2`` at every hop (an expanded view)."""
-    return (squared_distances(embeddings) / (-2.0 * sigma2)).expand(n_hops, -1, -1)
+    """``(*batch, L, S, S)`` gate score tables of the tied head at ``embeddings (*batch, S, D)``: the same
+    table ``-||e_q - e_k||^2 / 2 sigma2`` at every hop (an expanded view)."""
+    table = squared_distances(embeddings) / (-2.0 * sigma2)
+    return table.unsqueeze(-3).expand(table.shape[:-2] + (n_hops,) + table.shape[-2:])
 
 
 def embedding_hop_gates(embeddings: torch.Tensor, log_emission: torch.Tensor, sigma2: float, n_hops: int) -> engine.HopGates:
@@ -290,7 +291,9 @@ class TiedEmbeddingAttention(HopAttentionHead):
     def collapsed_model(self, obs: Observations, subsample_size: Optional[int] = None, kl_weight=1.0) -> None:
         """:meth:`model` with the hop path summed out by the engine: site ``embeddings`` under
         ``scale_kl(kl_weight)``, then ``target ~ CollapsedHopChain`` in the plate ``observations``. Same guide,
-        same loss and gradient for a given draw of the embeddings, no enumerated sites (``Trace_ELBO``)."""
+        same loss and gradient for a given draw of the embeddings, no enumerated sites (``Trace_ELBO``). Under
+        ``Trace_ELBO(num_particles=K, vectorize_particles=True)`` the draw is ``(K, 1, S, D)`` and the target
+        site's batch shape ``(K, n)``."""
         self.check_observations(obs)
         check_kl_weight(kl_weight)
         with scale_kl(kl_weight):
