@@ -53,7 +53,7 @@ def random_obs(n=7, seed=1, masked=False, context=N):
 @MASKED
 @ROUTES
 def test_every_query_matches_brute_force_on_both_routes(kind, hops, masked, ratio, monkeypatch):
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head(kind, hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
     expected = brute_force(head, obs)
     assert torch.allclose(head.log_likelihood(obs), expected["log_likelihood"], rtol=1e-12, atol=0)
@@ -70,7 +70,7 @@ def test_every_query_matches_brute_force_on_both_routes(kind, hops, masked, rati
 @ROUTES
 def test_underflowing_rows_are_recomputed_in_log_space(kind, hops, ratio, monkeypatch):
     """sigma2 = 1e-3 with far-apart keys: gate weights exp(-10^4) underflow in probability space."""
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0), random_obs(n=9, seed=21, masked=True)
     expected = brute_force(head, obs)
     log_likelihood = head.log_likelihood(obs)
@@ -85,9 +85,9 @@ def test_underflowing_rows_are_recomputed_in_log_space(kind, hops, ratio, monkey
 def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch):
     """The differentiable log-likelihood of either route (underflowing rows included) has the gradient of the
     plain log-space forward recursion on the head's dense chain."""
-    from pyro_multihop.hop_chain import chain_log_likelihood
+    from pyro_multihop.engine.log_space import chain_log_likelihood
 
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     for sigma2, scale in ((0.6, 1.0), (1e-3, 2.0)):
         head, obs = make_head(kind, hops, seed=30, sigma2=sigma2, scale=scale), random_obs(n=8, seed=31, masked=True)
         parameters = list(head.parameters())
@@ -106,7 +106,7 @@ def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch)
 @HEADS
 @ROUTES
 def test_chunking_does_not_change_the_answers(kind, ratio, monkeypatch):
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head(kind, 3, seed=40), random_obs(n=50, seed=41, masked=True)
     tiny = 1  # byte: one row per chunk
     assert torch.allclose(head.log_likelihood(obs, budget=tiny), head.log_likelihood(obs), rtol=1e-13)
@@ -137,7 +137,7 @@ class _LargestTensor(TorchFunctionMode):
 def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, monkeypatch):
     """With a budget of 64 KiB, nothing but the query's output and tensors the size of one input field (the
     validation of the symbols) is larger than 64 KiB of float64 elements."""
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head("chained", 3, seed=50), random_obs(n=3000, seed=51, context=12)
     budget = 64 * 1024
     with torch.no_grad(), _LargestTensor() as spy:

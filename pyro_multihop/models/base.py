@@ -26,7 +26,7 @@ from .. import engine
 from ..checks import check_positive_int, check_sigma2
 from ..data import Observations
 from ..distributions import GateCategorical, TableCategorical
-from ..hop_chain import HopChain, HopPosterior, chain_sample_paths
+from ..engine.log_space import HopChain, HopPosterior, chain_sample_paths
 
 __all__ = ["HopAttentionHead", "sample_hop_path", "attended_values", "emission_to_logits", "check_positive_int", "check_sigma2"]
 

@@ -8,8 +8,8 @@ observation (``O(L N^2 k log k)`` for the k best paths), everything a user or th
 are the fused counterpart of the enumerated Pyro models (``TraceEnum_ELBO`` computes the same sums by
 variable elimination).
 
-There is one forward recursion, :func:`_recurse`, and the query is the semiring step passed to it (as in
-torch-struct): the log semiring (``logsumexp``) gives the likelihood and, run over the transposed factors
+There is one recursion, :func:`~pyro_multihop.engine.recursion.recurse`, and the query is the semiring step
+passed to it (as in torch-struct): the log semiring (``logsumexp``) gives the likelihood and, run over the transposed factors
 from the emission down, the backward messages; the k-max semiring gives the Viterbi path (``k = 1``) and the
 k best paths. Posterior sampling and the entropy share the reverse chain: given the target, ``z_l`` depends
 on ``z_{l+1}`` alone, through ``p(z_l = i | z_{l+1} = j) ∝ alpha_l(i) p(z_{l+1} = j | z_l = i)``.
@@ -20,12 +20,13 @@ emission may also hold ``-inf``. Shapes: ``n`` observations, ``N`` positions, ``
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .checks import check_positive_int
-from .gates import log_normalize
+from ..checks import check_positive_int
+from ..gate_ops import log_normalize
+from .recursion import recurse
 
 __all__ = [
     "HopChain",
@@ -91,19 +92,13 @@ class HopPosterior(NamedTuple):
     map_paths: torch.Tensor
 
 
-# -- the one forward recursion; the query is the semiring step ----------------------------------------------
-Step = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]
+# -- the log and k-max steps of the one recursion (:func:`~.recursion.recurse`) ------------------------------
+LogStep = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
-def _recurse(first: torch.Tensor, transitions: Iterable[torch.Tensor], step: Step):
-    """``message_{l+1} = step(message_l, trans_l)``: returns the messages ``[first, ...]`` and what each step
-    kept for decoding (backpointers, or None)."""
-    messages, pointers = [first], []
-    for trans in transitions:
-        message, pointer = step(messages[-1], trans)
-        messages.append(message)
-        pointers.append(pointer)
-    return messages, pointers
+def _over(factors: torch.Tensor, step: LogStep):
+    """The recursion step of hop ``hop`` over the log factors ``factors[hop]``."""
+    return lambda message, hop: step(message, factors[hop])
 
 
 def _log_step(message: torch.Tensor, trans: torch.Tensor):
@@ -119,7 +114,7 @@ def _top(scores: torch.Tensor, k: int, dim: int):
     return scores.topk(min(k, scores.shape[dim]), dim=dim)
 
 
-def _kmax_step(k: int) -> Step:
+def _kmax_step(k: int) -> LogStep:
     """k-max semiring: the message ``(n, r, N)`` holds, per position, the scores of the ``r <= k`` best paths
     ending there, best first. The pointer ``(n, r', N)`` is the flat index ``rank * N + i`` of each kept
     path's predecessor in the previous message."""
@@ -131,22 +126,22 @@ def _kmax_step(k: int) -> Step:
     return step
 
 
-def _forward(chain: HopChain) -> list:
+def _log_forward_messages(chain: HopChain) -> list:
     """Log forward messages ``alpha_l[n, i] = log p(z_l = i)`` (prior, no emission), l = 1..L."""
-    return _recurse(chain.init, chain.trans, _log_step)[0]
+    return recurse(chain.init, range(chain.n_hops - 1), _over(chain.trans, _log_step))[0]
 
 
-def _backward(chain: HopChain, log_emission: torch.Tensor) -> list:
+def _log_backward_messages(chain: HopChain, log_emission: torch.Tensor) -> list:
     """Log backward messages ``beta_l[n, i] = log p(target | z_l = i)``, l = 1..L: the same recursion over the
     transposed factors, from the emission down."""
-    betas, _ = _recurse(log_emission, [trans.transpose(-1, -2) for trans in reversed(chain.trans)], _log_step)
+    betas, _ = recurse(log_emission, reversed(range(chain.n_hops - 1)), _over(chain.trans.transpose(-1, -2), _log_step))
     return betas[::-1]
 
 
 def _k_best(chain: HopChain, log_emission: torch.Tensor, k: int):
     """The ``min(k, N^L)`` best joint scores ``(n, k')`` and their paths ``(n, k', L)``, best first."""
     N = chain.init.shape[-1]
-    messages, pointers = _recurse(chain.init.unsqueeze(-2), chain.trans, _kmax_step(k))
+    messages, pointers = recurse(chain.init.unsqueeze(-2), range(chain.n_hops - 1), _over(chain.trans, _kmax_step(k)))
     final = (messages[-1] + log_emission.unsqueeze(-2)).flatten(-2)  # (n, r * N)
     scores, flat = _top(final, k, dim=-1)
     # Follow the backpointers as flat indices ``rank * N + position`` into each hop's message.
@@ -172,18 +167,18 @@ def chain_log_likelihood(chain: HopChain, log_emission: torch.Tensor) -> torch.T
         lands on position ``i``.
     :returns: ``(n,)``, differentiable.
     """
-    return torch.logsumexp(_forward(chain)[-1] + log_emission, dim=-1)
+    return torch.logsumexp(_log_forward_messages(chain)[-1] + log_emission, dim=-1)
 
 
 def last_hop_prior(chain: HopChain) -> torch.Tensor:
     """``(n, N)``, ``p(z_L = i)`` before seeing the target; the predictive mixes emission rows with it."""
-    return _forward(chain)[-1].exp()
+    return _log_forward_messages(chain)[-1].exp()
 
 
 def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior:
     """Forward-backward: log-likelihood, per-hop and pairwise posterior marginals, and the MAP path."""
-    alphas = _forward(chain)
-    betas = _backward(chain, log_emission)
+    alphas = _log_forward_messages(chain)
+    betas = _log_backward_messages(chain, log_emission)
     log_likelihood = torch.logsumexp(alphas[-1] + log_emission, dim=-1)
     normaliser = log_likelihood.unsqueeze(-1)
     hop_marginals = torch.stack([(a + b - normaliser).exp() for a, b in zip(alphas, betas)])
@@ -256,7 +251,7 @@ def chain_sample_posterior(
     check_positive_int("num_samples", num_samples)
     _check_log_emission(chain, log_emission)
     with torch.no_grad():
-        alphas = _forward(chain)
+        alphas = _log_forward_messages(chain)
         n, N = chain.init.shape
         # z_L: num_samples draws per observation from one (n, N) distribution.
         position = _inverse_cdf(alphas[-1] + log_emission, num_samples, generator)  # (n, s)
@@ -301,7 +296,7 @@ def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
     """
     _check_log_emission(chain, log_emission)
     with torch.no_grad():
-        alphas = _forward(chain)
+        alphas = _log_forward_messages(chain)
         log_posterior = log_normalize(alphas[-1] + log_emission)  # log p(z_L | target), (n, N)
         posterior = log_posterior.exp()
         # The emission may hold -inf: take 0 log 0 = 0 explicitly.
