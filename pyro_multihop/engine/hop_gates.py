@@ -17,7 +17,7 @@ ROUTES = ("symbols", "positions")
 
 #: A forward pass (log-likelihood, predictive, and their gradients) takes the symbol route while
 #: ``S^2 <= SYMBOL_ROUTE_RATIO * N^2``; a forward-backward pass (marginals, the EM statistics), whose
-#: dense route also forms pairwise terms, while ``S^2 <= 4 * SYMBOL_ROUTE_RATIO * N^2``. Measured with
+#: position route also forms pairwise terms, while ``S^2 <= 4 * SYMBOL_ROUTE_RATIO * N^2``. Measured with
 #: ``L = 3`` (one thread): the forward crossover lies at ``S`` about ``4 N`` for ``N`` = 10, 30 and 100; the
 #: E-step's at ``S`` about ``4 N`` for ``N = 10`` and beyond ``8 N`` for ``N`` = 30 and 100 (see docs/engine.md).
 SYMBOL_ROUTE_RATIO = 16.0
