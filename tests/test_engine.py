@@ -325,3 +325,79 @@ def test_path_entropy_without_the_target_is_that_of_the_prior_chain():
                                  dtype=torch.float64)
     assert torch.allclose(head.path_entropy(obs, given_target=False), prior_entropy, atol=1e-12)
     assert not torch.allclose(head.path_entropy(obs), prior_entropy, atol=1e-3)  # the target does inform the path
+
+
+# -- the path queries on the probability-space routes, both forced ------------------------------------------------
+def entropies(posteriors):
+    return torch.tensor([-sum(p * math.log(p) for p in post.values() if p > 0) for post in posteriors],
+                        dtype=torch.float64)
+
+
+def assert_k_best_match(paths, log_probs, posteriors, k, rtol):
+    """Against the brute-force probabilities; paths whose probability underflows float64 there (sigma2 = 1e-3)
+    must have log-probabilities below its range (or -inf) here."""
+    for row, post in enumerate(posteriors):
+        best = sorted((p for p in post.values() if p > 0), reverse=True)[:k]
+        got = log_probs[row, : len(best)]
+        assert torch.allclose(got.exp(), torch.tensor(best, dtype=torch.float64), rtol=rtol)
+        assert (log_probs[row, len(best):].exp() == 0).all()
+        finite = log_probs[row][torch.isfinite(log_probs[row])]
+        assert (finite.diff() <= 0).all()  # best first
+        for path, log_prob in zip(paths[row, : len(best)].tolist(), got.tolist()):
+            assert post[tuple(path)] == pytest.approx(math.exp(log_prob), rel=rtol)
+
+
+def assert_map_paths_are_most_probable(paths, posteriors, rtol):
+    for row, post in enumerate(posteriors):
+        assert post[tuple(paths[row].tolist())] == pytest.approx(max(post.values()), rel=rtol)
+
+
+@HEADS
+@HOPS
+@MASKED
+@ROUTES
+@pytest.mark.parametrize("sigma2, scale", [(0.6, 1.0), (1e-3, 2.0)], ids=["sigma2=0.6", "sigma2=1e-3"])
+def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio, sigma2, scale, monkeypatch):
+    """MAP, k best, entropy (with and without the target) and the lazy posterior; sigma2 = 1e-3 rows underflow in
+    probability space and go to log space."""
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head = make_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale)
+    obs = random_obs(n=8, seed=101 + hops, masked=masked)
+    posteriors = exact_path_posterior(head, obs)
+    rtol = 1e-9
+    assert_map_paths_are_most_probable(head.map_paths(obs), posteriors, rtol)
+    assert_k_best_match(*head.k_best_paths(obs, 4), posteriors, 4, rtol)
+    assert torch.allclose(head.path_entropy(obs), entropies(posteriors), atol=1e-10)
+    emission = head.emission.detach().double()
+    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask)
+    prior = [{path: p for path, (p, _) in table.items()} for table in tables]
+    assert torch.allclose(head.path_entropy(obs, given_target=False), entropies(prior), atol=1e-10)
+    assert_map_paths_are_most_probable(head.map_paths(obs, given_target=False), prior, rtol)
+    posterior = head.posterior(obs)
+    assert torch.equal(posterior.map_paths, head.map_paths(obs))
+    assert posterior.map_paths is posterior.map_paths  # kept after the first read
+    assert torch.allclose(posterior.path_entropy, entropies(posteriors), atol=1e-10)
+    assert torch.allclose(posterior.hop_marginals, brute_force(head, obs)["hop_marginals"], atol=1e-10)
+
+
+@HEADS
+@ROUTES
+def test_posterior_draws_follow_the_exact_path_posterior_on_both_routes(kind, ratio, monkeypatch):
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head(kind, 3, seed=110), random_obs(n=2, seed=111, context=3, masked=True)
+    draws = head.sample_paths(obs, 20000, seed=1)
+    for row, post in enumerate(exact_path_posterior(head, obs)):
+        for path, p in post.items():
+            frequency = float((draws[:, row] == torch.tensor(path)).all(-1).double().mean())
+            assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
+
+
+@ROUTES
+def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, monkeypatch):
+    """sigma2 = 1e-3: rows recomputed in log space still draw the paths of positive posterior probability."""
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head("chained", 2, seed=112, sigma2=1e-3, scale=2.0), random_obs(n=6, seed=113, masked=True)
+    draws = head.sample_paths(obs, 200, seed=2)
+    for row, post in enumerate(exact_path_posterior(head, obs)):
+        for path in draws[:, row].tolist():
+            assert post.get(tuple(path), 0.0) > 0, (row, path)

@@ -39,8 +39,8 @@ Shapes: ``n`` rows, ``c`` rows of a chunk, ``N`` positions, ``L`` hops, ``S`` sy
 
 from .budget import DEFAULT_MEMORY_BUDGET, get_memory_budget, memory_budget, rows_within_budget, set_memory_budget
 from .hop_gates import ROUTES, SYMBOL_ROUTE_RATIO, HopGates, chain_from_scores, choose_route
-from .log_space import HopChain, HopPosterior
-from .paths import dense_chunks, k_best_paths, map_paths, path_entropy, sample_paths
+from .log_space import ChainPosterior, HopChain
+from .paths import HopPosterior, dense_chunks, k_best_paths, map_paths, path_entropy, sample_paths
 from .posterior import ChunkPosterior, forward_backward_chunks
 from .queries import (
     hop_marginals,
@@ -56,6 +56,7 @@ __all__ = [
     "HopGates",
     "HopChain",
     "HopPosterior",
+    "ChainPosterior",
     "DEFAULT_MEMORY_BUDGET",
     "SYMBOL_ROUTE_RATIO",
     "ROUTES",

@@ -113,11 +113,13 @@ def chain_from_scores(scores: torch.Tensor, obs) -> HopChain:
     return HopChain(init, trans)
 
 
-def choose_route(gates: HopGates, context_len: int, backward: bool = False) -> str:
-    """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions, for a forward pass or (with
-    ``backward``) a forward-backward pass (see :data:`SYMBOL_ROUTE_RATIO`)."""
+def choose_route(gates: HopGates, context_len: int, backward: bool = False, max_product: bool = False) -> str:
+    """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions, for a forward pass, a
+    forward-backward pass (``backward``), or a max-product pass (``max_product``: the MAP and k best paths, whose
+    symbol route takes an ``(S, S)`` max a hop against the position route's ``(N, N)``, so it pays while
+    ``S <= N``); see :data:`SYMBOL_ROUTE_RATIO`."""
     if gates.scores is None:
         return "positions"
     S = gates.scores.shape[-1]
-    ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1)
+    ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1) / (16 if max_product else 1)
     return "symbols" if S * S <= ratio * context_len * context_len else "positions"

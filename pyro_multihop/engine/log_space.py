@@ -30,7 +30,8 @@ from .recursion import recurse
 
 __all__ = [
     "HopChain",
-    "HopPosterior",
+    "ChainPosterior",
+    "draw_by_inverse_cdf",
     "MASKED_LOGIT",
     "masked_log_softmax",
     "chain_log_likelihood",
@@ -77,8 +78,8 @@ class HopChain(NamedTuple):
         return 1 + self.trans.shape[0]
 
 
-class HopPosterior(NamedTuple):
-    """Exact posterior over hop paths for a batch of observations.
+class ChainPosterior(NamedTuple):
+    """Exact posterior over the hop paths of one dense chunk (what :func:`chain_posterior` returns).
 
     :ivar log_likelihood: ``(n,)``, ``log p(target | context, query)``.
     :ivar hop_marginals: ``(L, n, N)``, ``p(z_l = i | observation)``.
@@ -175,7 +176,7 @@ def last_hop_prior(chain: HopChain) -> torch.Tensor:
     return _log_forward_messages(chain)[-1].exp()
 
 
-def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior:
+def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> ChainPosterior:
     """Forward-backward: log-likelihood, per-hop and pairwise posterior marginals, and the MAP path."""
     alphas = _log_forward_messages(chain)
     betas = _log_backward_messages(chain, log_emission)
@@ -188,7 +189,7 @@ def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior
     ]
     n, N = chain.init.shape
     pairwise_marginals = torch.stack(pairwise) if pairwise else chain.init.new_zeros(0, n, N, N)
-    return HopPosterior(log_likelihood, hop_marginals, pairwise_marginals, chain_map_paths(chain, log_emission))
+    return ChainPosterior(log_likelihood, hop_marginals, pairwise_marginals, chain_map_paths(chain, log_emission))
 
 
 def chain_map_paths(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
@@ -265,20 +266,24 @@ def chain_sample_posterior(
 
 
 def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``,
+    """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``."""
+    return draw_by_inverse_cdf((logits - logits.amax(-1, keepdim=True)).exp(), num_draws, generator)
+
+
+def draw_by_inverse_cdf(weights: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``num_draws`` independent draws ``(..., num_draws)`` from each row of non-negative ``weights (..., N)``,
     by inverse CDF (several times faster than ``torch.multinomial`` on many short rows).
 
     ``u`` is uniform below the row total, and the first position whose cumulative weight exceeds ``u``
-    has a positive weight, so a position of probability zero is never drawn.
+    has a positive weight, so a position of probability zero is never drawn (a row of zeros gives ``N - 1``).
     """
-    weights = (logits - logits.amax(-1, keepdim=True)).exp()
     cdf = weights.cumsum(-1)
     total = cdf[..., -1:]
     uniform = torch.rand(cdf.shape[:-1] + (num_draws,), generator=generator, dtype=cdf.dtype, device=cdf.device)
     # rand < 1 keeps rand * total below the total under round-to-nearest; the bound guards it anyway.
     below_total = torch.nextafter(total, torch.zeros_like(total))
     u = torch.minimum(uniform * total, below_total)
-    return torch.searchsorted(cdf, u, right=True)
+    return torch.searchsorted(cdf, u, right=True).clamp_max_(weights.shape[-1] - 1)
 
 
 def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:

@@ -190,6 +190,45 @@ class SymbolTransitions(Transitions):
         arriving = self.arriving(beta) * scale.unsqueeze(-1)
         return (arriving.transpose(0, 1) @ leaving) * self.weights[hop].transpose(0, 1)
 
+    def max_forward(self, message, hop):
+        # max_i message[i] E[v_i, k_j] / R[v_i] = max_v (max_{i: v_i = v} message[i]) / R[v] E[v, k_j]: a
+        # scatter-max over the values, then an (S, S) max per row.
+        c, N = message.shape
+        S = self.num_symbols
+        best_by_value = message.new_zeros(c, S).scatter_reduce(1, self.values, message, "amax")  # messages >= 0
+        scores = (best_by_value * self.inverse_normalisers[hop]).unsqueeze(-1) * self.weights[hop]  # (c, S_v, S_k)
+        best, value = scores.max(-2)  # (c, S_k)
+        out = best.gather(1, self.keys) * self.real
+        # The predecessor: the lowest position that carries the best value with that value's best message.
+        positions = torch.arange(N, device=message.device).expand(c, N)
+        is_best = message == best_by_value.gather(1, self.values)
+        candidates = torch.where(is_best, positions, torch.full_like(positions, N))
+        position_of_value = torch.full((c, S), N, dtype=torch.long, device=message.device)
+        position_of_value = position_of_value.scatter_reduce(1, self.values, candidates, "amin")
+        pointer = position_of_value.gather(1, value.gather(1, self.keys)).clamp_max(N - 1)
+        return out, pointer
+
+    def columns(self, hop, positions):
+        keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
+        column = self.weights[hop][self.values.unsqueeze(-2), keys.unsqueeze(-1)]  # (c, s, N): E[v_i, key]
+        return column * (self.inverse_normalisers[hop].gather(1, self.values) * self.real).unsqueeze(-2)
+
+    def conditional_entropy(self, hop, alpha, alpha_next, posterior_next):
+        # The reverse conditional p(z = i | z' = j) = a_i E[v_i, k_j] / A_{k_j}, a_i = alpha[i] / R[v_i], depends
+        # on j only through its key k. With A_k = sum_i a_i E[v_i, k]:
+        #   H_k = log A_k - (sum_v E[v, k] sum_{i: v_i = v} a_i log a_i + sum_v a_v E[v, k] log E[v, k]) / A_k,
+        # (S,) x (S, S) products, and E_{z'} H = sum_k p(key of z' = k) H_k.
+        S = self.num_symbols
+        weights = self.weights[hop]
+        a = alpha * self.inverse_normalisers[hop].gather(1, self.values)
+        by_value = _by_symbol(self.values, a, S)  # a_v
+        mass = by_value @ weights  # A_k
+        spread = _by_symbol(self.values, torch.xlogy(a, a), S) @ weights + by_value @ torch.xlogy(weights, weights)
+        tiny = torch.finfo(mass.dtype).tiny
+        entropy = torch.where(mass > tiny, mass.clamp_min(tiny).log() - spread / mass.clamp_min(tiny),
+                              torch.zeros_like(mass))
+        return (entropy.clamp_min(0) * _by_symbol(self.keys, posterior_next, S)).sum(-1)
+
 
 def _by_symbol(index: torch.Tensor, x: torch.Tensor, num_symbols: int) -> torch.Tensor:
     """``(c, S)``: ``out[c, s] = sum_i x[c, i] [index[c, i] = s]``."""
