@@ -158,7 +158,7 @@ def k_best_paths(gates: HopGates, obs, k: int, budget=None):
     log_probs = gates.log_emission.new_empty(n, k)
     route = choose_route(gates, N, max_product=True)
     with torch.no_grad():
-        for part, chunk in _chunks(gates, obs, "positions", budget, extra=3 * N * N * k):
+        for part, chunk in _chunks(gates, obs, "positions", budget, extra=3 * N * max(N, gates.num_symbols) * k):
             paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k)
     return paths, log_probs
 

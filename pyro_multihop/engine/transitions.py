@@ -101,8 +101,10 @@ class Transitions:
         """k-max product: ``message (c, r, N)`` holds per position the ``r`` best path scores ending there; returns
         the ``r' = min(k, r N)`` best of ``message[r, i] P[i, j]`` per ``j`` ``(c, r', N)``, best first, and their
         flat predecessors ``rank * N + i`` ``(c, r', N)``."""
-        scores = (message.unsqueeze(-1) * self.matrix(hop).unsqueeze(-3)).flatten(-3, -2)  # (c, r N, N)
-        return scores.topk(min(k, scores.shape[-2]), dim=-2)
+        # (c, N_to, r, N_from), so that the top k run over the contiguous last dim
+        scores = (message.unsqueeze(1) * self.matrix(hop).transpose(-1, -2).unsqueeze(2)).flatten(-2)
+        best, pointer = scores.topk(min(k, scores.shape[-1]), dim=-1)
+        return best.transpose(-1, -2), pointer.transpose(-1, -2)
 
     def columns(self, hop: int, positions: torch.Tensor) -> torch.Tensor:
         """``(c, s, N)``: ``out[c, d, i] = P[c, i, positions[c, d]]``, one column per draw ``d``."""
@@ -196,8 +198,9 @@ class SymbolTransitions(Transitions):
         c, N = message.shape
         S = self.num_symbols
         best_by_value = message.new_zeros(c, S).scatter_reduce(1, self.values, message, "amax")  # messages >= 0
-        scores = (best_by_value * self.inverse_normalisers[hop]).unsqueeze(-1) * self.weights[hop]  # (c, S_v, S_k)
-        best, value = scores.max(-2)  # (c, S_k)
+        # (c, S_k, S_v): the max runs over the contiguous last dim
+        scores = (best_by_value * self.inverse_normalisers[hop]).unsqueeze(-2) * self.weights[hop].transpose(0, 1)
+        best, value = scores.max(-1)  # (c, S_k)
         out = best.gather(1, self.keys) * self.real
         # The predecessor: the lowest position that carries the best value with that value's best message.
         positions = torch.arange(N, device=message.device).expand(c, N)
@@ -207,6 +210,17 @@ class SymbolTransitions(Transitions):
         position_of_value = position_of_value.scatter_reduce(1, self.values, candidates, "amin")
         pointer = position_of_value.gather(1, value.gather(1, self.keys)).clamp_max(N - 1)
         return out, pointer
+
+    def kmax_forward(self, message, hop, k):
+        # P[i, j] depends on j only through key_j: the k best per key symbol, (c, S_k, r N_from), then gathered.
+        c, r, N = message.shape
+        leaving = message * self.inverse_normalisers[hop].gather(1, self.values).unsqueeze(1)  # message[r, i] / R[v_i]
+        rows = self.weights[hop].transpose(0, 1)[:, self.values].transpose(0, 1)  # (c, S_k, N_from): E[v_i, k]
+        scores = (leaving.unsqueeze(1) * rows.unsqueeze(2)).flatten(-2)  # (c, S_k, r N_from)
+        best, pointer = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (c, S_k, r')
+        index = self.keys.unsqueeze(-1).expand(c, N, best.shape[-1])
+        best = best.gather(1, index) * self.real.unsqueeze(-1)
+        return best.transpose(-1, -2), pointer.gather(1, index).transpose(-1, -2)
 
     def columns(self, hop, positions):
         keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
