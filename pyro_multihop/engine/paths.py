@@ -62,12 +62,13 @@ def _log_space_emission(log_emission: torch.Tensor, given_target: bool) -> torch
 
 def _rescaled(step, floor: float):
     """A max-product step whose output is divided by its maximum over everything but the rows; it keeps
-    ``(pointer, scale (c,))``."""
+    ``(what the step kept, scale (c,))``."""
 
     def rescaled(message, hop):
-        out, pointer = step(message, hop)
+        out = step(message, hop)
+        out, kept = out if isinstance(out, tuple) else (out, None)
         scale = out.flatten(1).amax(-1)
-        return out / scale.clamp_min(floor).view((-1,) + (1,) * (out.dim() - 1)), (pointer, scale)
+        return out / scale.clamp_min(floor).view((-1,) + (1,) * (out.dim() - 1)), (kept, scale)
 
     return rescaled
 
@@ -82,9 +83,11 @@ def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool) -> torch.
     best, last = (messages[-1] * emission).max(-1)
     ok = ok & transitions.ok & (best >= floor)
     path = [last]
-    for pointer, scale in reversed(kept):
-        ok &= scale >= floor
-        path.insert(0, pointer.gather(1, path[0].unsqueeze(-1)).squeeze(-1))
+    for hop in reversed(range(gates.n_hops - 1)):
+        ok &= kept[hop][1] >= floor
+        # The best predecessor of the decoded position alone (ties to the lowest index).
+        weights = transitions.reverse_weights(hop, messages[hop], path[0].unsqueeze(-1))  # (c, 1, N)
+        path.insert(0, weights.squeeze(-2).argmax(-1))
     paths = torch.stack(path, dim=-1)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
@@ -180,7 +183,7 @@ def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generato
     position = draw_by_inverse_cdf(last, num_samples, generator)  # (c, s)
     path = [position]
     for hop in reversed(range(L - 1)):
-        weights = alphas[hop].unsqueeze(-2) * transitions.columns(hop, position)  # (c, s, N)
+        weights = transitions.reverse_weights(hop, alphas[hop], position)  # (c, s, N)
         ok &= (weights.sum(-1) >= floor).all(-1)
         position = draw_by_inverse_cdf(weights, 1, generator).squeeze(-1)
         path.insert(0, position)

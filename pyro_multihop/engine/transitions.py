@@ -92,10 +92,10 @@ class Transitions:
         weighted = alpha.unsqueeze(-1) * self.matrix(hop) * (beta * scale.unsqueeze(-1)).unsqueeze(-2)
         return key_statistics_from_pairwise(weighted, self.keys, self.values, self.num_symbols)
 
-    def max_forward(self, message: torch.Tensor, hop: int):
-        """Max-product: ``(out (c, N), pointer (c, N))`` with ``out[j] = max_i message[i] P[i, j]`` and
-        ``pointer[j]`` its argmax (ties to the lowest ``i``)."""
-        return (message.unsqueeze(-1) * self.matrix(hop)).max(-2)
+    def max_forward(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """Max-product: ``(c, N)``, ``out[j] = max_i message[i] P[i, j]`` (the argmax is found when decoding,
+        for the decoded position alone, from :meth:`columns`)."""
+        return (message.unsqueeze(-1) * self.matrix(hop)).amax(-2)
 
     def kmax_forward(self, message: torch.Tensor, hop: int, k: int):
         """k-max product: ``message (c, r, N)`` holds per position the ``r`` best path scores ending there; returns
@@ -111,6 +111,11 @@ class Transitions:
         c, s = positions.shape
         matrix = self.matrix(hop)
         return matrix.transpose(-1, -2).gather(-2, positions.unsqueeze(-1).expand(c, s, matrix.shape[-1]))
+
+    def reverse_weights(self, hop: int, alpha: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``(c, s, N)``: ``alpha[i] P[i, positions[d]]``, the unnormalised reverse-chain weights of ``z_{hop+1}``
+        given ``z_{hop+2} = positions[d]`` (for sampling and decoding)."""
+        return alpha.unsqueeze(-2) * self.columns(hop, positions)
 
     def conditional_entropy(self, hop: int, alpha: torch.Tensor, alpha_next: torch.Tensor,
                             posterior_next: torch.Tensor) -> torch.Tensor:
@@ -194,22 +199,11 @@ class SymbolTransitions(Transitions):
 
     def max_forward(self, message, hop):
         # max_i message[i] E[v_i, k_j] / R[v_i] = max_v (max_{i: v_i = v} message[i]) / R[v] E[v, k_j]: a
-        # scatter-max over the values, then an (S, S) max per row.
-        c, N = message.shape
-        S = self.num_symbols
-        best_by_value = message.new_zeros(c, S).scatter_reduce(1, self.values, message, "amax")  # messages >= 0
-        # (c, S_k, S_v): the max runs over the contiguous last dim
+        # scatter-max over the values, then an (S, S) max per row, over the contiguous last dim.
+        best_by_value = message.new_zeros(message.shape[0], self.num_symbols)
+        best_by_value = best_by_value.scatter_reduce(1, self.values, message, "amax")  # messages >= 0
         scores = (best_by_value * self.inverse_normalisers[hop]).unsqueeze(-2) * self.weights[hop].transpose(0, 1)
-        best, value = scores.max(-1)  # (c, S_k)
-        out = best.gather(1, self.keys) * self.real
-        # The predecessor: the lowest position that carries the best value with that value's best message.
-        positions = torch.arange(N, device=message.device).expand(c, N)
-        is_best = message == best_by_value.gather(1, self.values)
-        candidates = torch.where(is_best, positions, torch.full_like(positions, N))
-        position_of_value = torch.full((c, S), N, dtype=torch.long, device=message.device)
-        position_of_value = position_of_value.scatter_reduce(1, self.values, candidates, "amin")
-        pointer = position_of_value.gather(1, value.gather(1, self.keys)).clamp_max(N - 1)
-        return out, pointer
+        return scores.amax(-1).gather(1, self.keys) * self.real  # (c, S_k) -> (c, N)
 
     def kmax_forward(self, message, hop, k):
         # P[i, j] depends on j only through key_j: the k best per key symbol, (c, S_k, r N_from), then gathered.
@@ -223,9 +217,13 @@ class SymbolTransitions(Transitions):
         return best.transpose(-1, -2), pointer.gather(1, index).transpose(-1, -2)
 
     def columns(self, hop, positions):
+        return self.reverse_weights(hop, self.real, positions)
+
+    def reverse_weights(self, hop, alpha, positions):
         keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
-        column = self.weights[hop][self.values.unsqueeze(-2), keys.unsqueeze(-1)]  # (c, s, N): E[v_i, key]
-        return column * (self.inverse_normalisers[hop].gather(1, self.values) * self.real).unsqueeze(-2)
+        flat = self.values.unsqueeze(-2) * self.num_symbols + keys.unsqueeze(-1)  # (c, s, N): E[v_i, key] in E.flat
+        leaving = alpha * self.inverse_normalisers[hop].gather(1, self.values) * self.real  # alpha[i] / R[v_i]
+        return self.weights[hop].reshape(-1).take(flat) * leaving.unsqueeze(-2)
 
     def conditional_entropy(self, hop, alpha, alpha_next, posterior_next):
         # The reverse conditional p(z = i | z' = j) = a_i E[v_i, k_j] / A_{k_j}, a_i = alpha[i] / R[v_i], depends
