@@ -401,3 +401,41 @@ def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, monkeypatch
     for row, post in enumerate(exact_path_posterior(head, obs)):
         for path in draws[:, row].tolist():
             assert post.get(tuple(path), 0.0) > 0, (row, path)
+
+
+@HOPS
+@ROUTES
+@pytest.mark.parametrize("scale", [2.0, 0.0], ids=["random", "uniform gate"])
+def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, ratio, scale, monkeypatch):
+    """N = 24 > 16 candidates a hop: rows whose k best paths fit in the candidates of every hop are pruned (the
+    spy checks that some are, and with a uniform gate, whose paths tie, that some are not), and equal the dense
+    log-space k best (itself checked against brute force in tests/test_path_queries.py)."""
+    from pyro_multihop.engine import log_space, paths as engine_paths
+
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    found = []
+    candidates = engine_paths._k_best_candidates
+
+    def spy(*args):
+        chosen, fits = candidates(*args)
+        found.append(fits)
+        return chosen, fits
+
+    monkeypatch.setattr(engine_paths, "_k_best_candidates", spy)
+    head = make_head("chained", hops, seed=120, scale=scale)
+    obs = random_obs(n=40, seed=121, masked=True, context=24)
+    paths, log_probs = head.k_best_paths(obs, 3)
+    with torch.no_grad():
+        chain, log_emission = head.hop_chain(obs), head.log_emission[obs.values, obs.target.unsqueeze(-1)]
+        _, expected = log_space.chain_k_best(chain, log_emission, 3)
+        log_likelihood = log_space.chain_log_likelihood(chain, log_emission)
+    assert torch.allclose(log_probs, expected, rtol=1e-10, atol=1e-12)
+    rows = torch.arange(len(obs)).unsqueeze(-1)
+    path_scores = chain.init[rows, paths[..., 0]] + log_emission[rows, paths[..., -1]]  # (n, k): each path's joint
+    for hop in range(hops - 1):
+        path_scores = path_scores + chain.trans[hop][rows, paths[..., hop], paths[..., hop + 1]]
+    assert torch.allclose(path_scores - log_likelihood.unsqueeze(-1), log_probs, rtol=1e-10, atol=1e-12)
+    assert all(len(set(map(tuple, row))) == 3 for row in paths.tolist())  # distinct paths
+    if hops > 1:
+        pruned = torch.cat(found)
+        assert pruned.any() if scale else not pruned.all()

@@ -25,7 +25,7 @@ from .log_space import (
 from .posterior import posterior_chunk, rows_in_log_space, shifted_emission
 from .queries import posterior_marginals
 from .recursion import forward_messages, recurse, underflow_floor
-from .transitions import prepare, rows_per_chunk
+from .transitions import PositionTransitions, prepare, rows_per_chunk
 
 __all__ = ["HopPosterior", "dense_chunks", "map_paths", "sample_paths", "path_entropy", "k_best_paths"]
 
@@ -108,24 +108,76 @@ def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True) -> t
 
 
 # -- k best ----------------------------------------------------------------------------------------------------
+def _k_max_paths(transitions, init: torch.Tensor, emission: torch.Tensor, n_hops: int, k: int, floor: float):
+    """The k-max product with rescaling over ``transitions``: ``(values (c, r), paths (c, r, L) in their
+    positions, log of the scales divided out (c,), ok (c,))``, best first, ``r = min(k, N^L)``."""
+    step = functools.partial(_kmax, transitions, k=k)
+    messages, kept = recurse(init.unsqueeze(-2), range(n_hops - 1), _rescaled(step, floor))
+    final = (messages[-1] * emission.unsqueeze(-2)).flatten(-2)  # (c, r N)
+    values, flat = final.topk(min(k, final.shape[-1]), dim=-1)
+    log_scale = torch.zeros_like(values[:, 0])
+    ok = torch.ones_like(values[:, 0], dtype=torch.bool)
+    path = [flat]
+    for pointer, scale in reversed(kept):
+        ok &= scale >= floor
+        log_scale += scale.clamp_min(floor).log()
+        path.insert(0, pointer.flatten(-2).gather(-1, path[0]))
+    return values, torch.stack(path, dim=-1) % init.shape[-1], log_scale, ok
+
+
+def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, size: int, floor: float):
+    """Per hop ``(c, size)`` positions through which every one of the ``k`` best paths passes, and ``(c,)``
+    whether they hold all of them.
+
+    The best path through position ``i`` at hop ``l`` (its max-marginal, forward times backward max-product
+    messages, relative to the best path) bounds every path through it, and at any hop the ``k``-th largest
+    max-marginal is a lower bound on the ``k``-th best path (``k`` distinct paths reach it). A position below the
+    largest such bound is on none of the ``k`` best paths; a row whose positions above it do not fit in
+    ``size`` at some hop is not pruned."""
+    forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
+    backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
+    relative = [f * b for f, b in zip(forward, backward[::-1])]
+    ranked = [(r / r.amax(-1, keepdim=True).clamp_min(floor)).sort(dim=-1, descending=True) for r in relative]
+    # The slack covers the rounding of the max-marginals (a few eps each).
+    threshold = torch.stack([values[:, k - 1] for values, _ in ranked]).amax(0) * (1 - 1e-4)
+    fits = threshold >= floor
+    for values, _ in ranked:
+        fits &= values[:, size] < threshold
+    return [positions[:, :size] for _, positions in ranked], fits
+
+
 def _k_best_chunk(gates: HopGates, chunk, route: str, k: int):
     L, N = gates.n_hops, chunk.context_len
     prepared = prepare(gates, chunk, route)
     transitions = prepared.transitions
     emission, _, ok = shifted_emission(gates, chunk)
     floor = underflow_floor(emission.dtype)
-    step = functools.partial(_kmax, transitions, k=k)
-    messages, kept = recurse(prepared.init.unsqueeze(-2), range(L - 1), _rescaled(step, floor))
-    final = (messages[-1] * emission.unsqueeze(-2)).flatten(-2)  # (c, r N)
-    values, flat = final.topk(min(k, final.shape[-1]), dim=-1)
+    size = max(4 * k, 16)  # candidate positions a hop when pruning
+    pruned = torch.zeros_like(ok)
+    if L > 1 and k <= N and size < N:
+        candidates, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, size, floor)
+    r = min(k, N**L)
+    values = emission.new_zeros(len(chunk), r)
+    paths = torch.zeros(len(chunk), r, L, dtype=torch.long, device=emission.device)
+    log_scale = torch.zeros_like(emission[:, 0])
+    for is_pruned in (True, False):
+        rows = (pruned if is_pruned else ~pruned).nonzero().squeeze(-1)
+        if not len(rows):
+            continue
+        selected = transitions.select(rows)
+        if is_pruned:  # the k best paths within the candidates, then their positions
+            chosen = [positions[rows] for positions in candidates]
+            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
+                                      None, selected.ok)
+            found = _k_max_paths(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]),
+                                 L, k, floor)
+            positions = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
+            found = (found[0], positions) + found[2:]
+        else:
+            found = _k_max_paths(selected, prepared.init[rows], emission[rows], L, k, floor)
+        values[rows], paths[rows], log_scale[rows] = found[:3]
+        ok[rows] &= found[3]
     total = (forward_messages(transitions, prepared.init, L)[-1] * emission).sum(-1)  # the likelihood, shifted
-    log_scale = torch.zeros_like(total)
-    path = [flat]
-    for pointer, scale in reversed(kept):
-        ok &= scale >= floor
-        log_scale += scale.clamp_min(floor).log()
-        path.insert(0, pointer.flatten(-2).gather(-1, path[0]))
-    paths = torch.stack(path, dim=-1) % N
     # Paths of probability zero (padding, a zero emission) are exactly 0 here; a rank below the number of
     # possible paths that is below the floor underflowed, and the row goes to log space.
     real = chunk.full_mask()

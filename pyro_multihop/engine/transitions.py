@@ -97,6 +97,17 @@ class Transitions:
         for the decoded position alone, from :meth:`columns`)."""
         return (message.unsqueeze(-1) * self.matrix(hop)).amax(-2)
 
+    def max_backward(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """Max-product backward: ``(c, N)``, ``out[i] = max_j P[i, j] message[j]``."""
+        return (self.matrix(hop) * message.unsqueeze(-2)).amax(-1)
+
+    def submatrix(self, hop: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """``(c, M, M')``: ``P[c, rows[c, a], cols[c, b]]`` for ``rows (c, M)`` and ``cols (c, M')`` positions."""
+        matrix = self.matrix(hop)
+        c, N = matrix.shape[0], matrix.shape[-1]
+        picked = matrix.gather(1, rows.unsqueeze(-1).expand(c, rows.shape[1], N))
+        return picked.gather(2, cols.unsqueeze(1).expand(c, rows.shape[1], cols.shape[1]))
+
     def kmax_forward(self, message: torch.Tensor, hop: int, k: int):
         """k-max product: ``message (c, r, N)`` holds per position the ``r`` best path scores ending there; returns
         the ``r' = min(k, r N)`` best of ``message[r, i] P[i, j]`` per ``j`` ``(c, r', N)``, best first, and their
@@ -204,6 +215,19 @@ class SymbolTransitions(Transitions):
         best_by_value = best_by_value.scatter_reduce(1, self.values, message, "amax")  # messages >= 0
         scores = (best_by_value * self.inverse_normalisers[hop]).unsqueeze(-2) * self.weights[hop].transpose(0, 1)
         return scores.amax(-1).gather(1, self.keys) * self.real  # (c, S_k) -> (c, N)
+
+    def max_backward(self, message, hop):
+        # max_j E[v_i, k_j] message[j] / R[v_i] = max_k E[v_i, k] (max_{j: k_j = k} message[j]) / R[v_i].
+        best_by_key = message.new_zeros(message.shape[0], self.num_symbols)
+        best_by_key = best_by_key.scatter_reduce(1, self.keys, message * self.real, "amax")  # messages >= 0
+        best = (best_by_key.unsqueeze(-2) * self.weights[hop]).amax(-1)  # (c, S_v)
+        return (best * self.inverse_normalisers[hop]).gather(1, self.values) * self.real
+
+    def submatrix(self, hop, rows, cols):
+        values, keys = self.values.gather(1, rows), self.keys.gather(1, cols)
+        flat = values.unsqueeze(-1) * self.num_symbols + keys.unsqueeze(-2)  # (c, M, M')
+        inverse = self.inverse_normalisers[hop].gather(1, values)  # (c, M)
+        return self.weights[hop].reshape(-1).take(flat) * inverse.unsqueeze(-1) * self.real.gather(1, cols).unsqueeze(-2)
 
     def kmax_forward(self, message, hop, k):
         # P[i, j] depends on j only through key_j: the k best per key symbol, (c, S_k, r N_from), then gathered.
