@@ -5,7 +5,7 @@ from .data import DataError, Observations, chain_task, induction_task, transitiv
 from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .distributions import CollapsedHopChain
 from .engine import HopGates, get_memory_budget, memory_budget, set_memory_budget
-from .hop_chain import HopChain, HopPosterior
+from .engine import HopChain, HopPosterior
 from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint

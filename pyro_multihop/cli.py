@@ -461,7 +461,7 @@ def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype,
 
     from .checkpoint import save_checkpoint
     from .em import ChainedEM
-    from .em.chained import ConvergenceWarning
+    from .em import ConvergenceWarning
 
     sigma2 = 0.1 if args.sigma2 is None else args.sigma2
     max_iters = args.steps or 100

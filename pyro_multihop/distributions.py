@@ -10,7 +10,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
-from .gates import log_normalize, table_gather
+from .gate_ops import log_normalize, table_gather
 
 __all__ = ["GateCategorical", "TableCategorical", "CollapsedHopChain"]
 

@@ -22,7 +22,7 @@ import torch
 from pyro.infer import TraceEnum_ELBO
 
 from ..data import Observations
-from ..hop_chain import chain_map_paths
+from ..engine.log_space import chain_map_paths
 from ..models import ChainedAttention
 from ..train import _make_optimizer, svi_settings
 from .babi import DEFAULT_MEMORY, BabiData, load_task

@@ -40,7 +40,7 @@ from ..guides.annealing import LinearAnnealing
 from .. import engine
 from ..checks import check_number, check_positive_int, check_sigma2
 from ..models.tied import TiedEmbeddingAttention, embedding_hop_gates
-from .chained import ConvergenceWarning
+from .closed_form import ConvergenceWarning
 
 __all__ = ["TiedEmbeddingVEM"]
 

@@ -61,10 +61,10 @@ from .. import engine
 from ..checks import check_number
 from ..data import Observations
 from ..distributions import CollapsedHopChain
-from ..gates import log_normalize, table_gather
+from ..gate_ops import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
-from ..hop_chain import MASKED_LOGIT, HopChain
+from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
 __all__ = [

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyro_multihop import Observations, transitive_task
-from pyro_multihop.em.chained import ConvergenceWarning
+from pyro_multihop.em import ConvergenceWarning
 from pyro_multihop.em.variational import TiedEmbeddingVEM
 from pyro_multihop.models.tied import TiedEmbeddingAttention
 
