@@ -20,7 +20,7 @@ Two quantities are recorded per iteration, each under its own name: ``elbos_``, 
 observation (a Monte-Carlo estimate of ``E_q[log-likelihood] - w_t KL / n``), and ``log_likelihoods_``,
 the plug-in log-likelihood per observation of the training data, which is what :meth:`TiedEmbeddingVEM.score`
 and the head's ``evaluate`` report. The two can disagree: draws from a wide posterior can separate the
-symbols while a plug-in predictor does not. Convergence is decided on the plug-in log-likelihood, and
+symbols while a plug-in predictor does not. Convergence needs both to settle, and
 :func:`~pyro_multihop.diagnostics.diagnose_fit` runs at the end of :meth:`TiedEmbeddingVEM.fit`.
 
 Example::
@@ -73,9 +73,10 @@ class TiedEmbeddingVEM:
     :param float init_loc_scale: standard deviation of the random initial means (0.1).
     :param float init_log_var: initial log variance of every entry (``2 log 0.1``, posterior sd 0.1).
     :param int max_iters: most iterations of :meth:`fit` (1000).
-    :param float tol: convergence threshold (1e-4) on the change, per observation, of the mean plug-in
-        training log-likelihood over the last ``window`` iterations against the ``window`` before. Both
-        windows must lie after the KL ramp, so the earliest stop is at ``anneal_iters + 2 * window`` iterations.
+    :param float tol: convergence threshold (1e-4) on the change, per observation, of the mean over the last
+        ``window`` iterations against the ``window`` before, met by both the annealed ELBO (the posterior has
+        settled) and the plug-in training log-likelihood (so has the predictor). Both windows must lie after
+        the KL ramp, so the earliest stop is at ``anneal_iters + 2 * window`` iterations.
     :param int window: that averaging window (50). The posterior variances move the fit slowly, so a short
         window or a loose ``tol`` stops while they are still growing.
     :param int seed: seed of the initial means, the initial responsibilities and the draws (0).
@@ -205,7 +206,8 @@ class TiedEmbeddingVEM:
             if iteration % 50 == 0:
                 logger.debug("iteration %d: annealed ELBO %.4f, plug-in log-likelihood %.4f per observation, "
                              "KL weight %.4g", iteration, elbos[-1], log_likelihoods[-1], weight)
-            if iteration >= self.anneal_iters + 2 * self.window and self._has_converged(log_likelihoods):
+            if (iteration >= self.anneal_iters + 2 * self.window and self._has_converged(elbos)
+                    and self._has_converged(log_likelihoods)):
                 converged = True
                 break
 
@@ -221,7 +223,7 @@ class TiedEmbeddingVEM:
         self.kl_weights_ = torch.tensor(kl_weights, dtype=torch.float64)
         if not converged:
             warnings.warn(
-                f"variational EM stopped at max_iters = {max_iters} before the plug-in log-likelihood settled "
+                f"variational EM stopped at max_iters = {max_iters} before its ELBO and plug-in log-likelihood settled "
                 f"(tol = {self.tol}); raise max_iters or tol",
                 ConvergenceWarning,
                 stacklevel=2,
