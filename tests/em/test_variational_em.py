@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyro_multihop import Observations, transitive_task
+from pyro_multihop.diagnostics import DiagnosticWarning
 from pyro_multihop.em.chained import ConvergenceWarning
 from pyro_multihop.em.variational import TiedEmbeddingVEM
 from pyro_multihop.models.tied import TiedEmbeddingAttention
@@ -184,14 +185,20 @@ def test_default_stopping_rule_returns_a_converged_posterior():
     """The default rule waits for the KL ramp, then for the windowed ELBO and plug-in log-likelihood to
     settle: its posterior scales are
     within 5% of a long run's (600 iterations, never stopping early). Stopping right after the ramp, as the
-    old rule did, leaves them far from it (the variances are still growing), so the comparison has teeth."""
+    old rule did, leaves them far from it (the variances are still growing), so the comparison has teeth.
+
+    At the reference's KL weight 0.1, where the KL moves the variances at a pace the rule can see: at the
+    default weight 0.01 the variances creep on after the ELBO and the predictions have settled (docs/tied.md)."""
     train = transitive_task(200, num_symbols=12, pairs=3, seed=0)
-    default = TiedEmbeddingVEM(12, 4, 12, seed=0).fit(train)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)  # a good fit raises no diagnostic
+        default = TiedEmbeddingVEM(12, 4, 12, prior_strength=0.1, seed=0).fit(train)
     assert default.converged_ and default.n_iter_ >= default.anneal_iters + 2 * default.window
+    assert default.diagnostics_ == []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        long_run = TiedEmbeddingVEM(12, 4, 12, seed=0, max_iters=600, tol=0.0).fit(train)
-        after_ramp = TiedEmbeddingVEM(12, 4, 12, seed=0, max_iters=110, tol=0.0).fit(train)
+        long_run = TiedEmbeddingVEM(12, 4, 12, prior_strength=0.1, seed=0, max_iters=600, tol=0.0).fit(train)
+        after_ramp = TiedEmbeddingVEM(12, 4, 12, prior_strength=0.1, seed=0, max_iters=110, tol=0.0).fit(train)
     reference = float(long_run.scales_.mean())
     assert float(default.scales_.mean()) == pytest.approx(reference, rel=0.05)
     assert float(after_ramp.scales_.mean()) < 0.8 * reference
