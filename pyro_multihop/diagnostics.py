@@ -91,8 +91,7 @@ def diagnose_fit(
     tolerance: float = 0.01,
     gap: float = 0.1,
     window: int = 10,
-    warn: bool = True,
-    stacklevel: int = 2,
+    warn: bool = True, stacklevel: int = 2,
 ) -> List[DiagnosticWarning]:
     """Check a finished fit; returns the diagnostics found (each a :class:`DiagnosticWarning` instance) and,
     with ``warn``, issues each with ``warnings.warn``.
@@ -104,7 +103,7 @@ def diagnose_fit(
     :param str held_out: the held-out log-likelihood column of ``metrics`` (skipped if absent or all NaN).
     :param objective: the column of the optimised objective per observation (None: no mismatch check).
     :param str log_likelihood: the training log-likelihood column compared with ``objective``.
-    :param converged: whether the fit stopped on its convergence rule (only worded into the message).
+    :param converged: whether the fit met its stopping rule (only worded into the message).
     :param float collapse_scale: collapse needs a mean posterior sd above this (the prior's is 1).
     :param float collapse_distance: and a mean pairwise distance of the means below this fraction of
         ``sqrt(2 D)``, the typical distance between two draws of the prior.
@@ -171,7 +170,7 @@ def _objective_mismatch(metrics, objective: str, log_likelihood: str, converged,
     if rows.empty:
         return []
     last_objective, last_log_likelihood = float(rows[objective].iloc[-1]), float(rows[log_likelihood].iloc[-1])
-    stopped = "converged" if converged else "stopped"
+    stopped = "met its stopping rule" if converged else "ended"
     found = []
     if last_log_likelihood < last_objective - gap:
         found.append(f"the log-likelihood {last_log_likelihood:.4f} is {last_objective - last_log_likelihood:.3f} "

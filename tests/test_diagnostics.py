@@ -114,7 +114,7 @@ def test_mismatch_is_raised_when_the_objective_is_far_above_the_log_likelihood()
     # The user's variational EM: "converged" with an ELBO of -0.002 per observation, log-likelihood -1.278.
     frame = pd.DataFrame({"step": range(5), "elbo": [-2.0, -0.5, -0.01, -0.003, -0.002],
                           "log_likelihood": [-2.0, -1.0, -1.2, -1.27, -1.278]})
-    with pytest.warns(ObjectiveMismatchWarning, match=r"converged on its elbo.*-1\.2780 is 1\.276 below"):
+    with pytest.warns(ObjectiveMismatchWarning, match=r"met its stopping rule on its elbo.*-1\.2780 is 1\.276 below"):
         diagnose_fit(metrics=frame, objective="elbo", converged=True)
 
 

@@ -32,15 +32,8 @@ from pyro import poutine
 
 from ..checks import check_number
 
-__all__ = [
-    "DEFAULT_PRIOR_STRENGTH",
-    "AnnealingSchedule",
-    "LinearAnnealing",
-    "Constant",
-    "make_schedule",
-    "scale_kl",
-    "check_kl_weight",
-]
+__all__ = ["DEFAULT_PRIOR_STRENGTH", "AnnealingSchedule", "LinearAnnealing", "Constant", "make_schedule", "scale_kl",
+           "check_kl_weight"]
 
 #: Final KL weight of the default schedule (SVI and variational EM). The specification's reference uses
 #: 0.1; on a task that needs only identity matching (the tied head matches a symbol with itself for free)
