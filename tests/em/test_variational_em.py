@@ -205,3 +205,17 @@ def test_default_stopping_rule_returns_a_converged_posterior():
     # Most entries agree too, not only the mean.
     ratio = default.scales_ / long_run.scales_
     assert float(((ratio - 1).abs() < 0.25).double().mean()) > 0.9
+
+
+def test_recorded_log_likelihood_is_the_plug_in_score_before_each_update():
+    """``log_likelihoods_[t]`` is the plug-in training log-likelihood per observation at the parameters that
+    iteration ``t`` starts from: a fit stopped after ``t`` iterations scores exactly that; ``elbos_`` is
+    ``lower_bounds_ / n`` (the annealed ELBO per observation), a different quantity."""
+    obs = random_obs(n=20, seed=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        longer = TiedEmbeddingVEM(S, D, T, anneal_iters=2, max_iters=6).fit(obs)
+        shorter = TiedEmbeddingVEM(S, D, T, anneal_iters=2, max_iters=5).fit(obs)
+    assert float(longer.log_likelihoods_[5]) == pytest.approx(shorter.score(obs), rel=1e-5)
+    assert torch.allclose(longer.elbos_, longer.lower_bounds_ / 20)
+    assert not torch.allclose(longer.elbos_, longer.log_likelihoods_, atol=1e-3)
