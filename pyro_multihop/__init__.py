@@ -9,6 +9,7 @@ from .engine import HopChain, HopPosterior
 from .em import TiedEmbeddingVEM
 from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .diagnostics import DiagnosticWarning, diagnose_fit
 from .train import SVI_DEFAULTS, TrainingInterrupted, fit_svi
 from . import datasets
 
@@ -43,4 +44,6 @@ __all__ = [
     "load_checkpoint",
     "datasets",
     "CheckpointError",
+    "diagnose_fit",
+    "DiagnosticWarning",
 ]
