@@ -17,7 +17,7 @@ from pyro_multihop.diagnostics import (
     diagnose_fit,
     posterior_spread,
 )
-from pyro_multihop.em.chained import ConvergenceWarning
+from pyro_multihop.em import ConvergenceWarning
 from pyro_multihop.em.variational import TiedEmbeddingVEM
 
 S, D = 20, 8
