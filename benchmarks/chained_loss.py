@@ -22,7 +22,8 @@ that the other tenants of a shared machine slow all three alike, which separate 
 Memory: each implementation runs in its own subprocess, so that the peak is its own: the peak resident set
 size (``ru_maxrss``) during its first two runs minus the resident size just before them.
 
-All three losses are checked to agree (rel. 1e-5, float32). One thread throughout.
+All three losses are checked to agree (rel. 1e-5, float32), with a random emission (``random_emission``: with
+the default uniform one every loss is the constant ``n log S``). One thread throughout.
 
 Usage::
 
@@ -80,6 +81,18 @@ def random_observations(n: int, context: int, symbols: int = 30):
     )
 
 
+def random_emission(symbols: int, targets: int, seed: int = 0):
+    """``(symbols, targets)`` row-stochastic emission, each row ``softmax(2 * standard normal)`` (seeded).
+
+    Every benchmark head takes it: with the default uniform emission every row's log-likelihood is exactly
+    ``-log targets`` whatever the gates, so agreement checks would compare constants and the gradients of the
+    key tables would be zero."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return (2.0 * torch.randn(symbols, targets, generator=generator)).softmax(-1)
+
+
 def check_agreement(losses: dict, where: str) -> None:
     """Raise if any loss differs from ``losses["fused"]`` by more than 1e-5 relative."""
     fused = losses["fused"]
@@ -121,7 +134,8 @@ def _loss_functions(hops: int, context: int, n: int) -> dict:
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torch.jit.trace, used by Pyro's jit
     symbols = 30
     obs = random_observations(n, context, symbols)
-    head = ChainedAttention(hops, symbols, symbols, sigma2=0.1, init="identity", seed=0)
+    head = ChainedAttention(hops, symbols, symbols, sigma2=0.1, init="identity", seed=0,
+                            emission=random_emission(symbols, symbols))
     elbo = TraceEnum_ELBO(max_plate_nesting=1)
     jit_elbo = JitTraceEnum_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
     fields = JitFields(obs)

@@ -78,6 +78,7 @@ def _worker(rank: int, processes: int, port: int, path: str, config: dict, out: 
     torch.set_num_threads(1)
     import torch.distributed as dist
 
+    from chained_loss import random_emission  # benchmarks/, beside this file
     from pyro_multihop import ChainedAttention, ChainedEM, Observations, distributed
     from pyro_multihop.train import _backward, _Loss, _make_optimizer, svi_settings
 
@@ -89,7 +90,7 @@ def _worker(rank: int, processes: int, port: int, path: str, config: dict, out: 
     largest = distributed.all_reduce_max(len(shard))
     L, S = config["hops"], config["num_symbols"]
     em = ChainedEM(L, S, S, sigma2=SIGMA2)
-    head = ChainedAttention(L, S, S, sigma2=SIGMA2, seed=0)
+    head = ChainedAttention(L, S, S, sigma2=SIGMA2, seed=0, emission=random_emission(S, S))
     result = {"rank": rank, "rows": len(shard)}
 
     def timed(step) -> tuple:

@@ -1,7 +1,9 @@
 """The exact hop-chain engine (``pyro_multihop.engine``): speed, a torch-struct peer, memory and scaling.
 
-Every measurement is float32, one thread, ``L = 3`` hops, random key tables
-(``ChainedAttention(3, S, S, sigma2=0.3, init="random", seed=0)``), ``T = S`` targets, and uniform random
+Every measurement is float32, one thread, ``L = 3`` hops, random key tables and a random emission
+(``ChainedAttention(3, S, S, sigma2=0.3, init="random", seed=0, emission=random_emission(S, S))``: with the
+default uniform emission every log-likelihood is ``-log T`` and the agreement checks would compare
+constants), ``T = S`` targets, and uniform random
 observations (keys, values, query and target drawn with ``torch.randint`` from one generator of seed 0,
 in chunks of rows written into preallocated tensors, so large data sets never exist twice).
 
@@ -27,6 +29,18 @@ Sections (``--sections``, all by default), each writing ``engine_<section>.md`` 
   ``head.posterior(obs)``, ``head.posterior(obs, pairwise=True)`` (torch-struct's marginals are pairwise)
   and ``head.hop_marginals`` + ``head.log_likelihood``, at ``n = 2000``, ``N = 50``, ``S = 50``. Checked:
   the partition equals ``log_likelihood`` and the summed edge marginals equal the hop marginals.
+- ``hmm`` (issue 22, item 5): Pyro's ``DiscreteHMM`` as a peer. Its user builds, from the head's score
+  tables, the initial logits ``(n, N)`` and the transition logits ``(n, L - 1, N, N)`` of every row
+  (``hmm_logits``; the target enters as a ``Delta`` observation with ``log_density`` at the last step,
+  ``discrete_hmm``). At every point of ``HMM_GRID`` (``N`` in {10, 30, 50, 100}, ``S`` in {50, 1000}, ``n``
+  from 200 to 2000), side by side in rotated rounds: that build, ``DiscreteHMM``'s forward
+  (construction + ``log_prob``) on ready-made logits, ``head.log_likelihood`` (both without grad), and loss
+  + backward to the head's parameters (the build included for ``DiscreteHMM``). Checked before timing:
+  ``log_prob`` equals ``log_likelihood`` row by row (relative 1e-5), the gradients agree, and the rows'
+  log-likelihoods are not all equal. Targets: the library at least 2x ahead everywhere, build included, and
+  3x from ``N = 50``. Then the peak memory of one forward pass of each at ``n = 20 000``, ``N = 100``,
+  ``S = 50`` (each in its own process, ``VmHWM`` reset after the data is loaded; also
+  ``engine_hmm_memory.csv``).
 - ``memory`` (item 2): ``n = 200 000``, ``N = 100``, ``S = 50``; each query in its own subprocess: the
   peak resident set size minus the resident size after loading the data (and a warm-up on 10 rows, so
   that lazily loaded code is already paid for) minus the size of the output, at the default memory
@@ -45,6 +59,7 @@ Usage::
 
     python benchmarks/engine.py --out benchmarks/results                      # every section
     python benchmarks/engine.py --out benchmarks/results --sections speed peer
+    python benchmarks/engine.py --out benchmarks/results --sections hmm        # the DiscreteHMM peer
     python benchmarks/engine.py --out /tmp/bench --smoke                      # tiny sizes, in-process
 """
 
@@ -60,13 +75,13 @@ import sys
 import time
 from pathlib import Path
 
-from chained_loss import time_side_by_side  # benchmarks/, beside this file
+from chained_loss import random_emission, time_side_by_side  # benchmarks/, beside this file
 from em_vs_numpy import _reset_peak_rss, _status_kib, _trim_heap
 
 HOPS = 3
 SIGMA2 = 0.3
 SEED = 0
-SECTIONS = ("speed", "peer", "memory", "scaling")
+SECTIONS = ("speed", "peer", "hmm", "memory", "scaling")
 
 # (N, S, n for the plug-in queries and the E-step, n for the two losses)
 SPEED_GRID = [
@@ -86,6 +101,23 @@ SPEED_GRID = [
 SMOKE_SPEED_GRID = [(6, 8, 60, 30), (4, 30, 40, 20)]
 PEER = {"n": 2000, "N": 50, "S": 50}
 SMOKE_PEER = {"n": 30, "N": 6, "S": 8}
+# (N, S, n) of the DiscreteHMM peer; its memory is measured at HMM_MEMORY.
+HMM_GRID = [
+    (10, 50, 2000),
+    (10, 1000, 200),
+    (10, 1000, 2000),
+    (30, 50, 2000),
+    (30, 1000, 200),
+    (50, 50, 2000),
+    (50, 1000, 200),
+    (50, 1000, 2000),
+    (100, 50, 1000),
+    (100, 1000, 200),
+]
+SMOKE_HMM_GRID = [(6, 8, 30), (4, 30, 20)]
+HMM_MEMORY = {"n": 20_000, "N": 100, "S": 50}
+SMOKE_HMM_MEMORY = {"n": 200, "N": 8, "S": 6}
+HMM_AGREEMENT = 1e-5  # per row, relative: the two forward passes of one float32 chain
 MEMORY = {"n": 200_000, "N": 100, "S": 50}
 SMOKE_MEMORY = {"n": 300, "N": 8, "S": 6}
 #: Queries that take a max or a sample over paths: always dense chunks in log space, whatever choose_route says.
@@ -99,7 +131,8 @@ SCALING = (
 )
 SMOKE_SCALING = [("n", 100, 8, 6), ("n", 400, 8, 6), ("N", 100, 4, 6), ("N", 100, 16, 6), ("S", 100, 8, 4),
                  ("S", 100, 8, 12)]
-TARGETS = {"plug_in_ratio": 1.5, "collapsed_speedup": 5.0, "collapsed_speedup_from_N": 50, "memory_mib": 1024}
+TARGETS = {"plug_in_ratio": 1.5, "collapsed_speedup": 5.0, "collapsed_speedup_from_N": 50, "memory_mib": 1024,
+           "hmm_ratio": 2.0, "hmm_ratio_large": 3.0, "hmm_ratio_large_from_N": 50}
 AGREEMENT = 1e-4  # relative, float32 sums over many rows
 
 
@@ -126,9 +159,13 @@ def random_observations(n: int, context: int, symbols: int, seed: int = SEED, ch
 
 
 def make_head(symbols: int):
+    """The benchmark's head: random key tables and a random emission (``chained_loss.random_emission``; with the
+    default uniform one every log-likelihood would be ``-log T``, and the agreement checks would compare
+    constants)."""
     from pyro_multihop import ChainedAttention
 
-    return ChainedAttention(HOPS, symbols, symbols, sigma2=SIGMA2, init="random", seed=SEED)
+    return ChainedAttention(HOPS, symbols, symbols, sigma2=SIGMA2, init="random", seed=SEED,
+                            emission=random_emission(symbols, symbols, SEED))
 
 
 def make_em(symbols: int):
@@ -236,19 +273,21 @@ def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
     }
 
 
-def speed_section(grid, repeats: int) -> list:
+def _points(point, grid, repeats: int, describe) -> list:
+    """``point(*p, repeats)`` at every ``p`` of ``grid``, each row printed as ``describe(row)``."""
     rows = []
-    for point in grid:
-        row = speed_point(*point, repeats)
-        rows.append(row)
-        print(
-            f"N={row['N']:4d} S={row['S']:5d} {row['route']:9s} n={row['n']:6d}  ll {row['log_likelihood_ms']:8.2f}"
-            f"  pp {row['predict_proba_ms']:8.2f}  e_step {row['e_step_ms']:8.2f} ms  ratios "
-            f"{row['log_likelihood_ratio']:.2f}/{row['predict_proba_ratio']:.2f} | n={row['n_loss']:5d} collapsed "
-            f"{row['collapsed_ms']:8.2f}  enumerated {row['enumerated_ms']:8.2f} ms  x{row['collapsed_speedup']:.1f}",
-            flush=True,
-        )
+    for arguments in grid:
+        rows.append(point(*arguments, repeats))
+        print(describe(rows[-1]), flush=True)
     return rows
+
+
+def speed_section(grid, repeats: int) -> list:
+    return _points(speed_point, grid, repeats, lambda row: (
+        f"N={row['N']:4d} S={row['S']:5d} {row['route']:9s} n={row['n']:6d}  ll {row['log_likelihood_ms']:8.2f}"
+        f"  pp {row['predict_proba_ms']:8.2f}  e_step {row['e_step_ms']:8.2f} ms  ratios "
+        f"{row['log_likelihood_ratio']:.2f}/{row['predict_proba_ratio']:.2f} | n={row['n_loss']:5d} collapsed "
+        f"{row['collapsed_ms']:8.2f}  enumerated {row['enumerated_ms']:8.2f} ms  x{row['collapsed_speedup']:.1f}"))
 
 
 def speed_table(rows: list) -> list:
@@ -360,6 +399,189 @@ def peer_table(row: dict) -> list:
         f"{row['posterior_pairwise_ms']:.1f} | {row['marginals_and_likelihood_ms']:.1f} | "
         f"{row['partition_max_rel_error']:.1e} | {row['marginals_max_abs_error']:.1e} |",
     ]
+
+
+# -- Pyro's DiscreteHMM peer -------------------------------------------------------------------------------------
+def hmm_logits(gates, obs):
+    """The inputs a user of Pyro's ``DiscreteHMM`` builds from the head's score tables ``gates.scores (L, S, S)``:
+    initial logits ``(n, N)`` of hop 1, transition logits ``(n, L - 1, N, N)`` (``[b, l, i, j]``: position ``i``'s
+    value meets position ``j``'s key at hop ``l + 2``; unnormalised, ``DiscreteHMM`` normalises them) and the
+    target's log emission ``(n, N)`` at each position of the last hop."""
+    scores = gates.scores
+    initial = scores[0][obs.query.unsqueeze(-1), obs.keys]
+    transition = scores[1:][:, obs.values.unsqueeze(-1), obs.keys.unsqueeze(-2)].transpose(0, 1)
+    emission = gates.log_emission[obs.values, obs.target.unsqueeze(-1)]
+    return initial, transition, emission
+
+
+def discrete_hmm(initial, transition, emission):
+    """``(DiscreteHMM, value)`` whose ``log_prob(value)`` is the log-likelihood of each row: the ``L - 1``
+    transitions are its time steps, and the target enters as a ``Delta`` observation whose ``log_density`` is
+    the log emission at the last step and 0 before it."""
+    import pyro.distributions as dist
+    import torch
+
+    n, steps, N = transition.shape[:3]
+    log_density = torch.cat([emission.new_zeros(n, steps - 1, N), emission.unsqueeze(1)], 1)
+    observation = dist.Delta(torch.zeros_like(log_density), log_density=log_density)
+    return dist.DiscreteHMM(initial, transition, observation), emission.new_zeros(n, steps)
+
+
+def _relative_norm(got, want) -> float:
+    import torch
+
+    return float(torch.linalg.vector_norm((got - want).double()) / torch.linalg.vector_norm(want.double()))
+
+
+def hmm_point(N: int, S: int, n: int, repeats: int) -> dict:
+    """Pyro's ``DiscreteHMM`` against the library at one point: building its logits from the head, its forward
+    pass, and loss + backward (to the head's parameters), timed side by side in rotated rounds (medians)."""
+    torch = _setup_torch()
+    from pyro_multihop import engine
+
+    head = make_head(S)
+    obs = random_observations(n, N, S)
+    parameters = list(head.parameters())
+
+    def build():
+        with torch.no_grad():
+            return hmm_logits(head.hop_gates(), obs)
+
+    ready = build()
+
+    def hmm_forward():
+        with torch.no_grad():
+            hmm, value = discrete_hmm(*ready)
+            return hmm.log_prob(value)
+
+    def library_forward():
+        with torch.no_grad():
+            return head.log_likelihood(obs)
+
+    def hmm_loss():
+        head.zero_grad(set_to_none=True)
+        hmm, value = discrete_hmm(*hmm_logits(head.hop_gates(), obs))
+        loss = -hmm.log_prob(value).sum()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in parameters]
+
+    def library_loss():
+        head.zero_grad(set_to_none=True)
+        loss = -head.log_likelihood(obs).sum()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in parameters]
+
+    # The check before any timing: the same log-likelihood per row, the same gradient.
+    hmm_rows, library_rows = hmm_forward(), library_forward()
+    row_error = float(((hmm_rows - library_rows).abs() / library_rows.abs()).max())
+    (hmm_value, hmm_grads), (library_value, library_grads) = hmm_loss(), library_loss()
+    grad_error = max(_relative_norm(got, want) for got, want in zip(hmm_grads, library_grads))
+    if row_error > HMM_AGREEMENT or grad_error > 100 * HMM_AGREEMENT or not torch.isfinite(hmm_rows).all():
+        raise RuntimeError(f"DiscreteHMM and the library disagree at N={N} S={S} n={n}: log-likelihood per row "
+                           f"{row_error:.2e} (limit {HMM_AGREEMENT}), gradient {grad_error:.2e}")
+    if float(library_rows.std()) == 0.0:
+        raise RuntimeError("every row has the same log-likelihood: the agreement check compares constants")
+    times = time_side_by_side(
+        {"build": build, "hmm_forward": hmm_forward, "library_forward": library_forward, "hmm_loss": hmm_loss,
+         "library_loss": library_loss},
+        repeats,
+        warmup_rounds=1,
+    )
+    return {
+        "N": N,
+        "S": S,
+        "n": n,
+        "route": engine.choose_route(head.hop_gates(), N),
+        "build_ms": times["build"],
+        "hmm_forward_ms": times["hmm_forward"],
+        "library_forward_ms": times["library_forward"],
+        "hmm_loss_ms": times["hmm_loss"],
+        "library_loss_ms": times["library_loss"],
+        "forward_ratio": (times["build"] + times["hmm_forward"]) / times["library_forward"],
+        "forward_ratio_ready_logits": times["hmm_forward"] / times["library_forward"],
+        "loss_ratio": times["hmm_loss"] / times["library_loss"],
+        "max_row_rel_difference": row_error,
+        "grad_rel_difference": grad_error,
+    }
+
+
+def hmm_section(grid, repeats: int) -> list:
+    return _points(hmm_point, grid, repeats, lambda row: (
+        f"N={row['N']:4d} S={row['S']:5d} n={row['n']:6d}  build {row['build_ms']:8.2f}  hmm {row['hmm_forward_ms']:8.2f}"
+        f"  library {row['library_forward_ms']:8.2f} ms  x{row['forward_ratio']:.1f} | loss hmm {row['hmm_loss_ms']:8.2f}"
+        f"  library {row['library_loss_ms']:8.2f} ms  x{row['loss_ratio']:.1f}"))
+
+
+def hmm_peak(which: str, n: int, N: int, S: int) -> dict:
+    """Peak resident memory of one forward pass (no grad) of ``which`` (``"DiscreteHMM"``: building its logits
+    from the head, then ``log_prob``; ``"library"``: ``head.log_likelihood``), after the data is loaded and a
+    warm-up on 10 rows: ``VmHWM`` reset just before the pass (``ru_maxrss`` where it cannot be reset)."""
+    torch = _setup_torch()
+    import resource
+
+    head = make_head(S)
+
+    def run(obs):
+        with torch.no_grad():
+            if which == "library":
+                return head.log_likelihood(obs)
+            hmm, value = discrete_hmm(*hmm_logits(head.hop_gates(), obs))
+            return hmm.log_prob(value)
+
+    run(random_observations(10, N, S))
+    obs = random_observations(n, N, S)
+    gc.collect()
+    _trim_heap()
+    reset = _reset_peak_rss()
+    rss_before = _status_kib("VmRSS")
+    start = time.perf_counter()
+    run(obs)
+    seconds = time.perf_counter() - start
+    peak = _status_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"implementation": which, "n": n, "N": N, "S": S, "seconds": seconds, "rss_after_load_mib": rss_before / 1024,
+            "peak_mib": peak / 1024, "working_mib": max(peak - rss_before, 0) / 1024,
+            "peak_counter": "VmHWM, reset" if reset else "ru_maxrss"}
+
+
+def hmm_table(rows: list, memory: list) -> list:
+    def target(N):
+        return TARGETS["hmm_ratio_large"] if N >= TARGETS["hmm_ratio_large_from_N"] else TARGETS["hmm_ratio"]
+
+    lines = [
+        "Pyro's `DiscreteHMM` given the head's chains: initial logits `(n, N)`, transition logits `(n, L - 1, N, N)` "
+        "gathered from the score tables, the target's emission as a `Delta` observation with `log_density` at the "
+        "last step. Ratios are `DiscreteHMM`'s time over the library's (> 1: the library is ahead); the forward "
+        "ratio counts the build of its logits from the head (its user must do it), the loss ratio too "
+        f"(targets: >= {TARGETS['hmm_ratio']:g} everywhere, >= {TARGETS['hmm_ratio_large']:g} from "
+        f"N = {TARGETS['hmm_ratio_large_from_N']}). Checked before timing: `log_prob` equals `log_likelihood` per row "
+        f"(relative, limit {HMM_AGREEMENT:g}) and the two gradients agree.",
+        "",
+        "| N | S | n | library route | build of its logits (ms) | `DiscreteHMM` forward (ms) | library forward (ms) "
+        "| forward ratio, with build | forward ratio, ready logits | `DiscreteHMM` loss + backward (ms) "
+        "| library loss + backward (ms) | loss ratio | max rel. difference per row | gradient rel. difference |",
+        "|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        need = target(r["N"])
+        lines.append(
+            f"| {r['N']} | {r['S']} | {r['n']} | {r['route']} | {r['build_ms']:.2f} | {r['hmm_forward_ms']:.2f} | "
+            f"{r['library_forward_ms']:.2f} | {r['forward_ratio']:.1f}x {'ok' if r['forward_ratio'] >= need else '**missed**'} | "
+            f"{r['forward_ratio_ready_logits']:.1f}x | {r['hmm_loss_ms']:.2f} | {r['library_loss_ms']:.2f} | "
+            f"{r['loss_ratio']:.1f}x {'ok' if r['loss_ratio'] >= need else '**missed**'} | "
+            f"{r['max_row_rel_difference']:.1e} | {r['grad_rel_difference']:.1e} |"
+        )
+    if memory:
+        lines += [
+            "",
+            "Peak memory of one forward pass (no grad), each in its own process after loading the data: peak resident "
+            "set (`VmHWM`, reset after the load) minus the resident set after the load.",
+            "",
+            "| implementation | n | N | S | time (s) | RSS after load (MiB) | peak RSS (MiB) | peak - load (MiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [f"| {m['implementation']} | {m['n']} | {m['N']} | {m['S']} | {m['seconds']:.2f} | "
+                  f"{m['rss_after_load_mib']:.0f} | {m['peak_mib']:.0f} | {m['working_mib']:.0f} |" for m in memory]
+    return lines
 
 
 # -- memory ----------------------------------------------------------------------------------------------------
@@ -571,6 +793,20 @@ def main(argv=None) -> int:
         row = call("peer_point", sizes["n"], sizes["N"], sizes["S"], 3 if smoke else 3)
         print(row, flush=True)
         print(f"wrote {write_section(args.out, 'peer', row, peer_table(row), load)}", flush=True)
+    if "hmm" in args.sections:
+        load = _load_average()
+        grid, repeats = (SMOKE_HMM_GRID, 3) if smoke else (HMM_GRID, args.repeats)
+        rows = []
+        for point in grid:
+            rows += call("hmm_section", [point], repeats)
+            print(hmm_table(rows[-1:], [])[-1], flush=True)
+        sizes = SMOKE_HMM_MEMORY if smoke else HMM_MEMORY
+        memory = [call("hmm_peak", which, sizes["n"], sizes["N"], sizes["S"]) for which in ("DiscreteHMM", "library")]
+        print(memory, flush=True)
+        print(f"wrote {write_section(args.out, 'hmm', rows, hmm_table(rows, memory), load)}", flush=True)
+        import pandas as pd
+
+        pd.DataFrame(memory).to_csv(args.out / "engine_hmm_memory.csv", index=False)
     if "memory" in args.sections:
         load = _load_average()
         sizes = SMOKE_MEMORY if smoke else MEMORY

@@ -27,7 +27,7 @@ import torch
 from pyro.infer import TraceEnum_ELBO, config_enumerate
 from pyro.ops.indexing import Vindex
 
-from chained_loss import check_agreement, random_observations, time_side_by_side  # benchmarks/, beside this file
+from chained_loss import check_agreement, random_emission, random_observations, time_side_by_side  # benchmarks/, beside this file
 from pyro_multihop import ChainedAttention
 from pyro_multihop.distributions import TableCategorical
 
@@ -37,9 +37,10 @@ SYMBOLS, CONTEXT = 30, 10
 def _losses(n: int) -> dict:
     """``name -> callable`` computing loss + gradient for one hop at context length 10."""
     obs = random_observations(n, CONTEXT, SYMBOLS)
-    head = ChainedAttention(1, SYMBOLS, SYMBOLS, sigma2=0.1, init="identity", seed=0)
+    head = ChainedAttention(1, SYMBOLS, SYMBOLS, sigma2=0.1, init="identity", seed=0,
+                            emission=random_emission(SYMBOLS, SYMBOLS))
     key_table = head.key_tables.detach()[0].clone().requires_grad_(True)
-    emission_logits = torch.zeros(SYMBOLS, SYMBOLS, requires_grad=True)
+    emission_logits = head.emission_logits.detach().clone().requires_grad_(True)
     elbo = TraceEnum_ELBO(max_plate_nesting=1)
 
     @config_enumerate

@@ -49,13 +49,14 @@ def _workload(name: str, size: dict):
     import warnings
 
     import pyro_multihop as pm
+    from chained_loss import random_emission  # benchmarks/, beside this file
     from pyro_multihop.em.variational import TiedEmbeddingVEM
     from pyro_multihop.train import fit_svi
 
     n = size["n"]
     train = pm.transitive_task(n, num_symbols=30, pairs=5, seed=0)
     val = pm.transitive_task(n, num_symbols=30, pairs=5, seed=1)
-    head = pm.ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
+    head = pm.ChainedAttention(2, 30, 30, sigma2=0.1, seed=0, emission=random_emission(30, 30))
     if name == "train svi":
         steps = size["svi_steps"]
         return (lambda: fit_svi(head, train, num_steps=steps, val=val, log_every=10, progress=False)), steps

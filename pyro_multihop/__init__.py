@@ -17,8 +17,8 @@ _EXPORTS = {
     "chain_task": ".data",
     "transitive_task": ".data",
     "induction_task": ".data",
-    "HopChain": ".hop_chain",
-    "HopPosterior": ".hop_chain",
+    "HopChain": ".engine",
+    "HopPosterior": ".engine",
     "HopGates": ".engine",
     "CollapsedHopChain": ".distributions",
     "get_memory_budget": ".engine",
@@ -40,6 +40,8 @@ _EXPORTS = {
     "load_checkpoint": ".checkpoint",
     "CheckpointError": ".checkpoint",
     "prepare_run_dir": ".runs",
+    "diagnose_fit": ".diagnostics",
+    "DiagnosticWarning": ".diagnostics",
 }
 
 #: Sub-modules available as attributes (``pyro_multihop.engine``, ``pyro_multihop.datasets``).

@@ -12,7 +12,16 @@ A checkpoint is a plain dictionary written with :func:`torch.save` and read back
         "optimizer": {...} or None,             # optimizer.state_dict()
         "step": 0,                              # optimisation steps taken
         "extra": {...},                         # anything else: tensors, numbers, strings, lists, dicts
+        "vocabulary": [...] or None,            # optional: the text of each symbol (index = symbol)
+        "sha256": "...",                        # digest of model_class, config, dtype, step, vocabulary, state_dict
     }
+
+Loading is strict: every entry of the right type, every parameter of the model present under its name, of
+the model's dtype and shape and finite; a refusal is a :class:`CheckpointError` naming the file and the entry
+or parameter. Checkpoints from before parameters were renamed (``key_tables_unconstrained``) are refused
+with a sentence saying how to rename their entries. The ``sha256`` digest, verified on load, catches a bit
+flipped in the parameters or the configuration (torch's zip archive has no checksum of its own); the
+optimiser state and ``extra`` are not covered. A file without a digest (written before it existed) loads.
 
 Writes are atomic: the file is written next to its destination under a temporary name, flushed to disk
 and renamed over the destination, so a crash leaves either the old checkpoint or the new one.
@@ -32,15 +41,17 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "CheckpointError", "current_parameter_names"]
+__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "read_checkpoint", "CheckpointError"]
 
 FORMAT = "pyro-multihop-checkpoint"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -62,7 +73,8 @@ _DTYPES = {
 
 
 class CheckpointError(ValueError):
-    """A file is not a readable pyro-multihop checkpoint, or does not fit the model it is loaded into."""
+    """A file is not a readable pyro-multihop checkpoint, or does not fit the model it is loaded into; the
+    message names the file and the entry or parameter."""
 
 
 def model_class(name: str) -> type:
@@ -110,6 +122,7 @@ def save_checkpoint(
     *,
     step: int = 0,
     extra: Optional[dict] = None,
+    vocabulary: Optional[Sequence[str]] = None,
 ) -> Path:
     """Write ``model`` (and ``optimizer``, ``step``, ``extra``) to ``path`` atomically.
 
@@ -119,9 +132,13 @@ def save_checkpoint(
     :param int step: optimisation steps taken so far.
     :param dict extra: more state; only tensors, numbers, strings, None, and lists/tuples/dicts of them
         survive ``torch.load(weights_only=True)``.
+    :param vocabulary: optional text of each symbol, ``vocabulary[s]`` for symbol ``s``: distinct strings,
+        returned by :func:`load_checkpoint` as ``state["vocabulary"]`` (to print words, not numbers).
     :returns: the path written.
     """
     path = Path(path)
+    if vocabulary is not None:
+        vocabulary = _checked_vocabulary(vocabulary, "vocabulary", TypeError)
     if not path.parent.is_dir():
         raise CheckpointError(f"checkpoint folder {str(path.parent)!r} does not exist")
     payload = {
@@ -134,7 +151,9 @@ def save_checkpoint(
         "optimizer": None if optimizer is None else _cpu(optimizer.state_dict()),
         "step": int(step),
         "extra": _cpu(dict(extra or {})),
+        "vocabulary": vocabulary,
     }
+    payload["sha256"] = _digest(payload)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
@@ -166,8 +185,56 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
     if missing:
         raise CheckpointError(f"checkpoint {str(path)!r} lacks the entries {missing}")
     if payload["dtype"] not in _DTYPES:
-        raise CheckpointError(f"checkpoint dtype must be one of {sorted(_DTYPES)}, got {payload['dtype']!r}")
+        raise CheckpointError(f"checkpoint {str(path)!r}: dtype must be one of {sorted(_DTYPES)}, got {payload['dtype']!r}")
+    for key, kinds, what in (
+        ("config", dict, "a dictionary"),
+        ("state_dict", dict, "a dictionary of tensors"),
+        ("optimizer", (dict, type(None)), "a dictionary or None"),
+        ("extra", (dict, type(None)), "a dictionary or None"),
+        ("step", int, "a non-negative integer"),
+    ):
+        value = payload.get(key)
+        if not isinstance(value, kinds) or isinstance(value, bool) or (key == "step" and value < 0):
+            raise CheckpointError(f"checkpoint {str(path)!r}: entry {key!r} must be {what}, got {_shown(value)}")
+    if payload.get("vocabulary") is not None:
+        _checked_vocabulary(payload["vocabulary"], f"checkpoint {str(path)!r}: entry 'vocabulary'", CheckpointError)
+    if "sha256" in payload and all(isinstance(v, torch.Tensor) for v in payload["state_dict"].values()):
+        if payload["sha256"] != _digest(payload):
+            raise CheckpointError(f"checkpoint {str(path)!r} is damaged: its parameters or configuration do not match "
+                                  "the sha256 digest written with them")
     return payload
+
+
+def _digest(payload: dict) -> str:
+    """SHA-256 of what rebuilds the model: class, configuration, dtype, step, vocabulary and every tensor of the
+    state dict (name, dtype, shape, bytes)."""
+    digest = hashlib.sha256()
+    fields = [payload["model_class"], payload["config"], payload["dtype"], payload["step"], payload.get("vocabulary")]
+    digest.update(json.dumps(fields, sort_keys=True, default=repr).encode())
+    for name in sorted(payload["state_dict"], key=str):
+        tensor = payload["state_dict"][name]
+        digest.update(f"\0{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return f"a {type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _checked_vocabulary(vocabulary, name: str, error: type) -> list:
+    """``vocabulary`` as a list of distinct strings; ``error`` (naming ``name``) otherwise."""
+    if isinstance(vocabulary, (str, bytes)) or not isinstance(vocabulary, (list, tuple)):
+        raise error(f"{name} must be a list of strings (index = symbol), got {_shown(vocabulary)}")
+    seen = {}
+    for symbol, word in enumerate(vocabulary):
+        if not isinstance(word, str):
+            raise error(f"{name} must hold strings; symbol {symbol} is {_shown(word)}")
+        if word in seen:
+            raise CheckpointError(f"{name} must hold distinct strings; symbols {seen[word]} and {symbol} are both {word!r}")
+        seen[word] = symbol
+    return list(vocabulary)
 
 
 def _unreadable(path: Path, error: Exception) -> str:
@@ -202,37 +269,67 @@ def load_parameters(model, payload: dict) -> None:
         raise CheckpointError(f"checkpoint holds a {payload['model_class']}, the model is a {name}")
     if dict(model.config()) != dict(payload["config"]):
         raise CheckpointError(f"checkpoint configuration {payload['config']} differs from the model's {model.config()}")
+    state_dict = _checked_state_dict(model, payload["state_dict"])
     try:
-        model.load_state_dict(current_parameter_names(model, payload["state_dict"]))
+        model.load_state_dict(state_dict)
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint parameters do not fit the model: {str(error).splitlines()[0]}") from None
 
 
-def current_parameter_names(model, state_dict: dict) -> dict:
-    """``state_dict`` with the parameter names of checkpoints written before the rename: an unconstrained
-    parameter used to be stored as ``NAME_unconstrained`` (a ``PyroParam``) and is now the plain
-    ``torch.nn.Parameter`` ``NAME`` (``key_tables``, ``emission_logits``, ``guide.loc``). Names the model
-    has are kept as they are."""
-    expected = set(model.state_dict())
-    suffix = "_unconstrained"
-    renamed = {}
-    for name, value in state_dict.items():
-        if name not in expected and name.endswith(suffix) and name[: -len(suffix)] in expected:
-            name = name[: -len(suffix)]
-        renamed[name] = value
-    return renamed
+_OLD_SUFFIX = "_unconstrained"
+
+
+def _checked_state_dict(model, state_dict) -> dict:
+    """``state_dict`` if it holds exactly the model's parameters and buffers, each a finite tensor of the model's
+    dtype and shape; a :class:`CheckpointError` naming the first one that is not."""
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(f"entry 'state_dict' must be a dictionary of tensors, got {_shown(state_dict)}")
+    expected = model.state_dict()
+    for name in state_dict:
+        if name in expected:
+            continue
+        if isinstance(name, str) and name.endswith(_OLD_SUFFIX) and name[: -len(_OLD_SUFFIX)] in expected:
+            raise CheckpointError(
+                f"parameter {name!r} has the name it had before parameters were renamed: this checkpoint is "
+                f"older than this version; rename every entry NAME{_OLD_SUFFIX} of its 'state_dict' to NAME "
+                "(torch.load, rename, torch.save) or train again"
+            )
+        raise CheckpointError(f"parameter {name!r} is not a parameter of {type(model).__name__}")
+    for name, reference in expected.items():
+        if name not in state_dict:
+            raise CheckpointError(f"parameter {name!r} of {type(model).__name__} is missing")
+        value = state_dict[name]
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"parameter {name!r} must be a tensor, got {_shown(value)}")
+        if value.dtype != reference.dtype:
+            raise CheckpointError(f"parameter {name!r} must have dtype {reference.dtype} like the model's, got {value.dtype}")
+        if value.shape != reference.shape:
+            raise CheckpointError(
+                f"parameter {name!r} must have shape {tuple(reference.shape)}, got {tuple(value.shape)}"
+            )
+        if value.is_floating_point():
+            bad = ~torch.isfinite(value)
+            if bad.any():
+                index = tuple(int(i) for i in bad.nonzero()[0])
+                raise CheckpointError(f"parameter {name!r} must be finite, got {value[index].item()} at index {index}")
+    return state_dict
 
 
 def load_checkpoint(path: Union[str, os.PathLike]):
     """Read a checkpoint written by :func:`save_checkpoint`.
 
     :returns: ``(model, state)``: the rebuilt head (on the CPU, in the stored dtype) and a dict with
-        ``step``, ``optimizer`` (a state dict or None), ``extra``, ``config``, ``model_class``, ``dtype``.
+        ``step``, ``optimizer`` (a state dict or None), ``extra``, ``config``, ``model_class``, ``dtype``
+        and ``vocabulary`` (a list of strings, or None when none was saved).
     :raises CheckpointError: (a ``ValueError``) naming the problem if the file is missing, not a
         checkpoint, or holds a model that cannot be rebuilt.
     """
     payload = read_checkpoint(path)
-    model = build_model(payload)
-    state = {k: payload.get(k) for k in ("step", "optimizer", "extra", "config", "model_class", "dtype")}
+    try:
+        model = build_model(payload)
+    except CheckpointError as error:
+        raise CheckpointError(f"checkpoint {str(Path(path))!r}: {error}") from None
+    keys = ("step", "optimizer", "extra", "config", "model_class", "dtype", "vocabulary")
+    state = {k: payload.get(k) for k in keys}
     state["extra"] = state["extra"] or {}
     return model, state

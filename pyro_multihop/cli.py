@@ -292,38 +292,23 @@ def _device(text: str):
 
 
 def _load_data(path: Path, shard: Optional[tuple] = None):
-    """:meth:`Observations.load` of a data file (only rows of ``shard = (rank, world_size)`` if given), its
-    errors as one line naming the file (and the line of a bad .csv cell)."""
+    """:meth:`Observations.load` of a data file (only rows of ``shard = (rank, world_size)`` if given); its
+    errors name the file, row, line and cell."""
     from .data import Observations
 
-    with _data_errors(path):
-        return Observations.load(path, shard)
+    if not path.is_file():
+        raise CommandError(f"data file {str(path)!r} does not exist")
+    return Observations.load(path, shard)
 
 
 def _load_context(path: Path):
     """``(Observations, has_target)`` of a data file whose target column is optional (0 where absent)."""
-    from .data import Observations, read_frame
+    from .data import Observations, read_columns
 
-    with _data_errors(path):
-        frame = read_frame(path)
-        has_target = "target" in frame.columns
-        return Observations.from_dataframe(frame if has_target else frame.assign(target=0)), has_target
-
-
-@contextlib.contextmanager
-def _data_errors(path: Path):
-    from .data import DataError
-
-    try:
-        yield
-    except DataError as error:
-        where = f" (line {error.row + 2} of the file)" if path.suffix == ".csv" else ""
-        raise CommandError(f"data file {str(path)!r}: {error}{where}") from None
-    except ImportError as error:
-        raise CommandError(f"cannot read {str(path)!r}: {error}") from None
-    except (ValueError, TypeError, OSError, KeyError) as error:  # pandas raises many types for damaged files
-        text = _first_line(error)
-        raise CommandError(text if str(path) in text else f"data file {str(path)!r}: {text}") from None
+    if not path.is_file():
+        raise CommandError(f"data file {str(path)!r} does not exist")
+    has_target = "target" in read_columns(path)
+    return Observations.load(path, allow_missing_target=True), has_target
 
 
 def _load_checkpoint(path: Path, device):

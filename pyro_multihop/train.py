@@ -70,7 +70,7 @@ from pyro.optim.clipped_adam import ClippedAdam
 from pyro import poutine
 
 from . import distributed
-from .checkpoint import CheckpointError, current_parameter_names, load_parameters, read_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
 from .runs import BEST_CHECKPOINT_NAME, progress_bar
 
 __all__ = ["SVI_DEFAULTS", "OverfittingWarning", "TrainingInterrupted", "fit_svi", "split_validation", "svi_settings"]
@@ -740,8 +740,6 @@ class _SviRun:
         if payload["optimizer"] is not None:
             self.optimizer.load_state_dict(payload["optimizer"])
         self.guard.load(training["guard"])
-        if self.guard.best_state is not None:
-            self.guard.best_state = current_parameter_names(self.model, self.guard.best_state)
         if self.validation is not None and training.get("validation") is not None:
             self.validation.load(training["validation"])
         _set_rng_state(_own_rng_state(training, self.checkpoint), self.device)

@@ -69,6 +69,13 @@ def test_engine_benchmark_smoke(tmp_path):
     assert "Log-log slopes" in (tmp_path / "engine_scaling.md").read_text()
     peer = (tmp_path / "engine_peer.md").read_text()
     assert "torch-struct" in peer
+    hmm = pd.read_csv(tmp_path / "engine_hmm.csv")
+    assert list(hmm["N"]) == [6, 4] and (hmm[["build_ms", "hmm_forward_ms", "library_forward_ms", "hmm_loss_ms",
+                                               "library_loss_ms"]] > 0).all().all()
+    assert (hmm["max_row_rel_difference"] <= 1e-5).all() and (hmm["grad_rel_difference"] <= 1e-3).all()
+    hmm_memory = pd.read_csv(tmp_path / "engine_hmm_memory.csv")
+    assert list(hmm_memory["implementation"]) == ["DiscreteHMM", "library"] and (hmm_memory["peak_mib"] > 0).all()
+    assert "forward ratio, with build" in (tmp_path / "engine_hmm.md").read_text()
 
 
 def test_threads_benchmark_smoke(tmp_path):

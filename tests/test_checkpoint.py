@@ -131,7 +131,7 @@ def test_a_data_file_is_not_a_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("head_class", ["ChainedAttention", "TiedEmbeddingAttention"])
-def test_checkpoints_with_the_old_unconstrained_names_still_load(tmp_path, head_class):
+def test_checkpoints_with_the_old_unconstrained_names_are_refused_with_what_to_do(tmp_path, head_class):
     from pyro_multihop import TiedEmbeddingAttention
 
     head = trained_head()[0] if head_class == "ChainedAttention" else TiedEmbeddingAttention(6, 2, 6, seed=3)
@@ -141,12 +141,76 @@ def test_checkpoints_with_the_old_unconstrained_names_still_load(tmp_path, head_
     old_names = {"key_tables": "key_tables_unconstrained", "emission_logits": "emission_logits_unconstrained",
                  "guide.loc": "guide.loc_unconstrained"}
     payload["state_dict"] = {old_names.get(k, k): v for k, v in payload["state_dict"].items()}
-    assert any(k.endswith("_unconstrained") for k in payload["state_dict"])
+    del payload["sha256"]  # the checkpoints of that time had none
     torch.save(payload, path)
-    restored, _ = load_checkpoint(path)
-    assert restored.state_dict().keys() == head.state_dict().keys()
-    for name, value in head.state_dict().items():
-        assert torch.equal(restored.state_dict()[name], value), name
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint {str(path)!r}: parameter ") and "_unconstrained' has the name" in message
+    assert "rename every entry NAME_unconstrained of its 'state_dict' to NAME" in message
+
+
+def _saved_payload(tmp_path):
+    head, _ = trained_head()
+    path = tmp_path / "head.pt"
+    save_checkpoint(path, head)
+    return path, read_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda p: p.update(state_dict=list(p["state_dict"].items())), "entry 'state_dict' must be a dictionary of tensors, got a list"),
+        (lambda p: p.update(config=[1, 2]), "entry 'config' must be a dictionary, got a list"),
+        (lambda p: p.update(step="3"), "entry 'step' must be a non-negative integer, got a str '3'"),
+        (lambda p: p["state_dict"].update(key_tables=p["state_dict"]["key_tables"].long()),
+         "parameter 'key_tables' must have dtype torch.float32 like the model's, got torch.int64"),
+        (lambda p: p["state_dict"]["emission_logits"].__setitem__((1, 2), float("nan")),
+         "parameter 'emission_logits' must be finite, got nan at index (1, 2)"),
+        (lambda p: p["state_dict"]["key_tables"].__setitem__((0, 0, 3), float("-inf")),
+         "parameter 'key_tables' must be finite, got -inf at index (0, 0, 3)"),
+        (lambda p: p["state_dict"].update(key_tables=p["state_dict"]["key_tables"][:1]),
+         "parameter 'key_tables' must have shape (2, 12, 12), got (1, 12, 12)"),
+        (lambda p: p["state_dict"].pop("emission_logits"), "parameter 'emission_logits' of ChainedAttention is missing"),
+        (lambda p: p["state_dict"].update(extra=torch.zeros(2)), "parameter 'extra' is not a parameter of ChainedAttention"),
+        (lambda p: p["state_dict"].update(key_tables=[[0.0]]), "parameter 'key_tables' must be a tensor, got a list"),
+        (lambda p: p.update(vocabulary=["a", "b", "a"]), "entry 'vocabulary' must hold distinct strings; symbols 0 and 2"),
+        (lambda p: p.update(vocabulary=["a", 3]), "entry 'vocabulary' must hold strings; symbol 1 is a int 3"),
+    ],
+    ids=["state-list", "config-list", "step-text", "int-tables", "nan", "inf", "shape", "missing", "unknown",
+         "not-tensor", "vocabulary-duplicate", "vocabulary-number"],
+)
+def test_a_bad_entry_or_parameter_is_named(tmp_path, edit, message):
+    path, payload = _saved_payload(tmp_path)
+    del payload["sha256"]  # as a file written without a digest (the digest would name the change as damage)
+    edit(payload)
+    torch.save(payload, path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert str(caught.value).startswith(f"checkpoint {str(path)!r}: ") and message in str(caught.value), caught.value
+
+
+def test_a_changed_parameter_or_setting_breaks_the_digest(tmp_path):
+    path, payload = _saved_payload(tmp_path)
+    for edit in (lambda p: p["state_dict"]["key_tables"].__setitem__((1, 2, 3), 0.5), lambda p: p.update(step=7)):
+        changed = {**payload, "state_dict": {k: v.clone() for k, v in payload["state_dict"].items()}}
+        edit(changed)
+        torch.save(changed, path)
+        with pytest.raises(CheckpointError, match="is damaged: its parameters or configuration do not match"):
+            load_checkpoint(path)
+
+
+def test_vocabulary_round_trip_and_checks(tmp_path):
+    head, _ = trained_head()
+    words = [f"w{i}" for i in range(12)]
+    save_checkpoint(tmp_path / "head.pt", head, vocabulary=words)
+    assert load_checkpoint(tmp_path / "head.pt")[1]["vocabulary"] == words
+    save_checkpoint(tmp_path / "plain.pt", head)
+    assert load_checkpoint(tmp_path / "plain.pt")[1]["vocabulary"] is None
+    with pytest.raises(TypeError, match="vocabulary must be a list of strings"):
+        save_checkpoint(tmp_path / "x.pt", head, vocabulary="abc")
+    with pytest.raises(ValueError, match="symbols 0 and 1 are both 'a'"):
+        save_checkpoint(tmp_path / "x.pt", head, vocabulary=["a", "a"])
 
 
 def test_unknown_class_and_bad_config(tmp_path):
@@ -154,6 +218,7 @@ def test_unknown_class_and_bad_config(tmp_path):
     path = tmp_path / "head.pt"
     save_checkpoint(path, head)
     payload = read_checkpoint(path)
+    del payload["sha256"]  # as a file written without a digest (the digest would name the change as damage)
     payload["model_class"] = "NoSuchHead"
     torch.save(payload, path)
     with pytest.raises(CheckpointError, match="NoSuchHead"):
@@ -213,4 +278,5 @@ def test_checkpoint_is_a_plain_dictionary(tmp_path):
     payload = torch.load(tmp_path / "head.pt", weights_only=True)
     assert payload["format"] == "pyro-multihop-checkpoint" and payload["version"] == 1
     assert payload["model_class"] == "ChainedAttention" and payload["config"] == head.config()
-    assert set(payload) == {"format", "version", "model_class", "config", "dtype", "state_dict", "optimizer", "step", "extra"}
+    assert set(payload) == {"format", "version", "model_class", "config", "dtype", "state_dict", "optimizer", "step", "extra",
+                            "vocabulary", "sha256"}

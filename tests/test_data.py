@@ -134,13 +134,13 @@ def test_file_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         Observations.load(tmp_path / "missing.csv")
     (tmp_path / "empty.csv").write_text("query,target,key_0,value_0\n")
-    with pytest.raises(ValueError, match="holds no observations"):
+    with pytest.raises(DataError, match="holds no observations"):
         Observations.load(tmp_path / "empty.csv")
     (tmp_path / "nokeys.csv").write_text("query,target\n1,2\n")
     with pytest.raises(ValueError, match="must have a column 'key_0'"):
         Observations.load(tmp_path / "nokeys.csv")
     (tmp_path / "floats.csv").write_text("query,target,key_0,value_0\n1.5,2,0,1\n")
-    with pytest.raises(DataError, match="data column 'query' row 0: expected an integer symbol, got 1.5"):
+    with pytest.raises(DataError, match="data column 'query' row 0: expected an integer symbol, got 1.5 \\(line 2 of"):
         Observations.load(tmp_path / "floats.csv")
 
 
@@ -169,8 +169,8 @@ def test_a_bad_cell_names_its_row_and_column(tmp_path, column, row, text, proble
     path = _csv_with_cell(tmp_path, column, row, text)
     with pytest.raises(DataError) as caught:
         Observations.load(path)
-    assert str(caught.value) == f"data column {column!r} row {row}: {problem}"
-    assert (caught.value.row, caught.value.column) == (row, column)
+    assert str(caught.value) == f"data file {str(path)!r}: data column {column!r} row {row}: {problem} (line {row + 2} of the file)"
+    assert (caught.value.row, caught.value.column, caught.value.line, caught.value.path) == (row, column, row + 2, path)
     assert isinstance(caught.value, ValueError)
 
 
@@ -184,10 +184,14 @@ def test_integer_valued_floats_are_symbols_and_mask_cells_must_be_booleans():
         Observations.from_dataframe(frame)
 
 
-def test_from_dataframe_rejects_missing_value_columns():
+def test_from_dataframe_rejects_unpaired_and_unknown_columns():
     frame = pd.DataFrame({"query": [0], "target": [0], "key_0": [1], "key_1": [2], "value_0": [3]})
-    with pytest.raises(ValueError, match=r"missing \['value_1'\]"):
+    with pytest.raises(DataError, match="data column 'key_1': the column has no 'value_1'"):
         Observations.from_dataframe(frame)
+    frame = small_obs().to_dataframe().assign(note=["a", "b"])
+    with pytest.raises(DataError, match="data column 'note': unknown column"):
+        Observations.from_dataframe(frame)
+    assert Observations.from_dataframe(frame, extra_columns=["note"]) == small_obs()
 
 
 def test_transitive_task_structure():
@@ -296,3 +300,81 @@ def test_bad_shards_are_named(tmp_path, shard):
     transitive_task(10, seed=0).save(tmp_path / "data.csv")
     with pytest.raises(ValueError, match="shard"):
         Observations.load(tmp_path / "data.csv", shard=shard)
+
+
+def test_slices_copies_chunks_and_the_plate_do_not_validate_again(monkeypatch):
+    """Observations validate once: slices, ``to``, the engine's chunks, the collapsed distribution and the
+    plate go through ``Observations.trusted`` (no checks, no host synchronisations)."""
+    import pyro
+    from pyro import poutine
+
+    from pyro_multihop import ChainedAttention
+    from pyro_multihop.distributions import CollapsedHopChain
+
+    obs = task_with_padding(masked=True)
+    head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
+    expected = head.log_likelihood(obs)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(Observations, "__init__", refuse)
+    assert obs[3:7].keys.shape == (4, obs.context_len) and obs[torch.tensor([1, 0])].query.tolist() == obs.query[[1, 0]].tolist()
+    assert obs.to("cpu").mask is not None and len(obs[2]) == 1
+    assert torch.allclose(head.log_likelihood(obs, budget=1 << 12), expected)  # many chunks of obs[rows]
+    collapsed = CollapsedHopChain(head.hop_gates(), obs)
+    assert torch.allclose(collapsed.log_prob(obs.target), expected)
+    shifted = (obs.target + 1) % 30
+    assert collapsed.log_prob(shifted).shape == (len(obs),)
+    with pyro.plate_stack("check", ()):
+        trace = poutine.trace(head.collapsed_model).get_trace(obs, subsample_size=7)
+    assert trace.nodes["target"]["value"].shape == (7,)
+
+
+def test_trusted_takes_tensors_as_given():
+    obs = small_obs(masked=True)
+    again = Observations.trusted(obs.keys, obs.values, obs.query, obs.target, obs.mask)
+    assert again == obs and again.keys is obs.keys
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_sharded_read_names_the_row_and_line_of_the_file(tmp_path, suffix):
+    frame = transitive_task(40, seed=0).to_dataframe()
+    frame.loc[35, "value_2"] = -4
+    path = tmp_path / f"data{suffix}"
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path, index=False, row_group_size=8)
+    assert len(Observations.load(path, shard=(0, 2))) == 20  # rows 0..19 are fine
+    with pytest.raises(DataError) as caught:
+        Observations.load(path, shard=(1, 2))
+    line = " (line 37 of the file)" if suffix == ".csv" else ""
+    assert str(caught.value) == (f"data file {str(path)!r}: data column 'value_2' row 35: expected a non-negative "
+                                 f"integer symbol, got -4{line}")
+
+
+def test_missing_target_extra_columns_and_read_columns(tmp_path):
+    from pyro_multihop.data import read_columns
+
+    obs = small_obs()
+    frame = obs.to_dataframe().drop(columns="target").assign(note=["a", "b"])
+    frame.to_csv(tmp_path / "data.csv", index=False)
+    assert read_columns(tmp_path / "data.csv")[-1] == "note"
+    with pytest.raises(DataError, match="data column 'note': unknown column"):
+        Observations.load(tmp_path / "data.csv", allow_missing_target=True)
+    with pytest.raises(DataError, match="data must have a column 'target'"):
+        Observations.load(tmp_path / "data.csv", extra_columns=["note"])
+    loaded = Observations.load(tmp_path / "data.csv", extra_columns=["note"], allow_missing_target=True)
+    assert torch.equal(loaded.keys, obs.keys) and loaded.target.tolist() == [0, 0]
+
+
+def test_parquet_is_written_with_page_checksums(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    small_obs().save(tmp_path / "data.parquet")
+    data = bytearray((tmp_path / "data.parquet").read_bytes())
+    key_0 = pq.ParquetFile(tmp_path / "data.parquet").metadata.row_group(0).column(2)
+    assert key_0.path_in_schema == "key_0" and key_0.has_dictionary_page
+    data[key_0.data_page_offset - 8] ^= 1  # the low byte of the dictionary's last value, 3, of key_0
+    (tmp_path / "data.parquet").write_bytes(bytes(data))
+    unchecked = pq.read_table(tmp_path / "data.parquet", page_checksum_verification=False)
+    assert unchecked.column("key_0").to_pylist() == [0, 2]  # a valid value: only the checksum tells
+    with pytest.raises(DataError, match="the Parquet file is damaged or not Parquet"):
+        Observations.load(tmp_path / "data.parquet")

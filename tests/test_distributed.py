@@ -418,8 +418,8 @@ def test_a_bad_row_in_one_shard_ends_every_rank_with_one_error_line(files):
     completed = torchrun("-m", "pyro_multihop", "train", "--data", str(files / "bad.csv"), "--out", str(files / "bad"))
     errors = [line for line in completed.stderr.splitlines() if line.startswith("pyro-multihop train: error:")]
     assert errors == ["pyro-multihop train: error: rank 1: data file "
-                      f"{str(files / 'bad.csv')!r}: data column 'value_2' row 20: expected a non-negative integer "
-                      "symbol, got -4 (line 22 of the file)"]
+                      f"{str(files / 'bad.csv')!r}: data column 'value_2' row 50: expected a non-negative integer "
+                      "symbol, got -4 (line 52 of the file)"]  # the row and line of the file, not of the shard
     assert completed.returncode != 0  # torchrun reports its workers' failure (exit status 1)
     assert "exitcode  : 2" in completed.stderr  # the workers end with the command's status 2
     assert "pyro_multihop/" not in completed.stderr  # no traceback from the library, only torchrun's report

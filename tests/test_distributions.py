@@ -1,10 +1,15 @@
-"""TableCategorical and GateCategorical against the plain Categorical they stand for."""
+"""TableCategorical and GateCategorical against the plain Categorical they stand for; CollapsedHopChain's batch
+shapes, expand, vectorised particles, support and sampling against brute force and the enumerated model."""
 
+import oracle
+import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
+from pyro.infer import Trace_ELBO, TraceEnum_ELBO
 
-from pyro_multihop.distributions import GateCategorical, TableCategorical
+from pyro_multihop.distributions import CollapsedHopChain, GateCategorical, TableCategorical
 
 
 def table_and_index():
@@ -65,3 +70,127 @@ def test_gate_categorical_equals_categorical_for_values_and_enumerated_support(l
     assert expanded.batch_shape == (4, 6) and isinstance(expanded, GateCategorical)
     assert torch.allclose(expanded.log_prob(value), dist.Categorical(logits=logits[:1]).expand((4, 6)).log_prob(value),
                           atol=1e-13)
+
+
+# -- CollapsedHopChain as a Pyro distribution ---------------------------------------------------------------
+S, T, CONTEXT = 6, 5, 4
+
+
+def tied_head(seed=0):
+    from pyro_multihop import TiedEmbeddingAttention
+
+    generator = torch.Generator().manual_seed(seed)
+    loc = torch.randn(S, 3, generator=generator, dtype=torch.float64)
+    emission = torch.rand(S, T, generator=generator, dtype=torch.float64).softmax(-1)
+    return TiedEmbeddingAttention(S, 3, T, n_hops=2, sigma2=0.6, loc=loc, emission=emission)
+
+
+def replay_draw(head, obs, draw, kl_weight):
+    """The guide, replayed at the embeddings ``draw`` ``(S, D)`` (one particle)."""
+    trace = poutine.trace(head.guide).get_trace(obs, kl_weight=kl_weight).copy()
+    trace.nodes["embeddings"] = dict(trace.nodes["embeddings"], value=draw)
+    return poutine.replay(head.guide, trace=trace)
+
+
+def test_vectorised_particles_loss_and_gradient_are_the_mean_over_single_particles():
+    """K vectorised particles of the collapsed tied model against the K draws one at a time in the enumerated
+    model (an independent route: Pyro sums the hop sites), on the same draws (recorded from the guide)."""
+    head, obs = tied_head(), oracle.random_observations(12, S, T, CONTEXT, seed=3, masked=True)
+    particles, kl_weight = 3, 0.4
+    draws = []
+
+    def recording_guide(*args, **kwargs):
+        draws.append(head.guide(*args, **kwargs))
+
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(0)
+        elbo = Trace_ELBO(num_particles=particles, vectorize_particles=True, max_plate_nesting=1)
+        loss = elbo.differentiable_loss(head.collapsed_model, recording_guide, obs, kl_weight=kl_weight)
+        (draw,) = draws
+        assert draw.shape == (particles, 1, S, 3) and not torch.allclose(draw[0], draw[1])
+        gradient = torch.autograd.grad(loss, [head.guide.loc, head.emission_logits], retain_graph=True)
+        enumerated = TraceEnum_ELBO(max_plate_nesting=1)
+        singles = [enumerated.differentiable_loss(head.model, replay_draw(head, obs, draw[k, 0], kl_weight), obs,
+                                                  kl_weight=kl_weight) for k in range(particles)]
+        mean = torch.stack(singles).mean()
+        mean_gradient = torch.autograd.grad(mean, [head.guide.loc, head.emission_logits])
+    assert torch.allclose(loss, mean, rtol=1e-12, atol=0)
+    assert not torch.allclose(singles[0], singles[1])  # the particles differ, so the mean is a real check
+    for got, want in zip(gradient, mean_gradient):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_batched_gates_give_one_log_likelihood_per_gate():
+    head, obs = tied_head(1), oracle.random_observations(7, S, T, CONTEXT, seed=4)
+    draws = head.sample_embeddings(3, seed=0)  # (3, S, D)
+    batched = CollapsedHopChain(head.hop_gates(draws.unsqueeze(1)), obs)
+    assert batched.batch_shape == (3, 7)
+    got = batched.log_prob(obs.target)
+    assert got.shape == (3, 7)
+    for k in range(3):
+        assert torch.allclose(got[k], CollapsedHopChain(head.hop_gates(draws[k]), obs).log_prob(obs.target),
+                              rtol=1e-12, atol=0)
+        assert torch.allclose(got[k], oracle_log_likelihood(draws[k], head, obs), rtol=1e-12, atol=0)
+    assert batched.sample().shape == (3, 7) and batched.sample((2,)).shape == (2, 3, 7)
+
+
+def oracle_log_likelihood(embeddings, head, obs):
+    embeddings = embeddings.double()
+    tables = oracle.enumerate_paths(embeddings[obs.query], [embeddings[obs.keys]] * head.n_hops, embeddings[obs.values],
+                                    head.sigma2, head.emission.detach().double(), obs.values, obs.target, obs.mask)
+    return oracle.summarise(tables, obs.context_len)["log_likelihood"]
+
+
+def test_expand_under_an_extra_plate_costs_one_pass_and_broadcasts():
+    head = oracle.random_chained_head(2, S, T, seed=5)
+    obs = oracle.random_observations(9, S, T, CONTEXT, seed=6, masked=True)
+    single = CollapsedHopChain(head.hop_gates(), obs)
+    expanded = single.expand((4, 9))
+    assert expanded.batch_shape == (4, 9) and isinstance(expanded, CollapsedHopChain)
+    want = single.log_prob(obs.target)
+    assert torch.allclose(want, oracle.summarise(oracle.onehot_path_tables(head, obs), CONTEXT)["log_likelihood"],
+                          rtol=1e-12, atol=0)
+    assert torch.equal(expanded.log_prob(obs.target), want.expand(4, 9))
+    other = torch.randint(T, (4, 9), generator=torch.Generator().manual_seed(7))  # a different row per plate entry
+    got = expanded.log_prob(other)
+    for k in range(4):
+        assert torch.allclose(got[k], single.log_prob(other[k]), rtol=1e-12, atol=0)
+    for bad in [(4, 8), (9, 4), ()]:
+        with pytest.raises(ValueError, match="expand"):
+            single.expand(bad)
+
+    def model(data):
+        with pyro.plate("repeats", 4, dim=-2), pyro.plate("observations", len(data), dim=-1):
+            pyro.sample("target", CollapsedHopChain(head.hop_gates(), data), obs=data.target)
+
+    loss = Trace_ELBO(max_plate_nesting=2).differentiable_loss(model, lambda data: None, obs)
+    assert torch.allclose(loss, -4 * want.sum(), rtol=1e-12)
+
+
+def test_vectorised_particles_without_global_latents_equal_one_particle():
+    head = oracle.random_chained_head(2, S, T, seed=8)
+    obs = oracle.random_observations(9, S, T, CONTEXT, seed=9)
+    vectorised = Trace_ELBO(num_particles=5, vectorize_particles=True, max_plate_nesting=1)
+    loss = vectorised.differentiable_loss(head.collapsed_model, head.guide, obs)
+    assert torch.allclose(loss, Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs), rtol=1e-12)
+
+
+def test_support_and_enumerated_support_cover_the_predictive():
+    head = oracle.random_chained_head(2, S, T, seed=10)
+    obs = oracle.random_observations(6, S, T, CONTEXT, seed=11)
+    distribution = CollapsedHopChain(head.hop_gates(), obs, validate_args=True)
+    assert distribution.has_enumerate_support and distribution.support.check(torch.tensor([0, T - 1])).all()
+    support = distribution.enumerate_support(expand=False)
+    assert support.shape == (T, 1) and distribution.enumerate_support().shape == (T, 6)
+    log_probs = distribution.log_prob(support)  # (T, n): every target of every row
+    assert log_probs.shape == (T, 6)
+    assert torch.allclose(log_probs.exp().t(), head.predict_proba(obs).detach(), rtol=1e-10, atol=0)
+    with pytest.raises(ValueError):
+        distribution.log_prob(torch.full((6,), T))
+
+
+def test_batched_gates_must_share_one_gate_across_rows():
+    head, obs = tied_head(2), oracle.random_observations(5, S, T, CONTEXT, seed=12)
+    draws = head.sample_embeddings(5, seed=0)
+    with pytest.raises(ValueError, match="end in 1"):
+        CollapsedHopChain(head.hop_gates(draws), obs)  # (5, S, D): one gate per row, not per particle

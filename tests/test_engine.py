@@ -28,7 +28,9 @@ def make_head(kind, hops, seed=0, sigma2=0.6, scale=1.0, dtype=torch.float64):
         tables = scale * torch.randn(hops, S, S, generator=generator, dtype=dtype)
         return ChainedAttention(hops, S, T, sigma2=sigma2, key_tables=tables, emission=emission)
     loc = scale * torch.randn(S, 3, generator=generator, dtype=dtype)
-    return TiedEmbeddingAttention(S, 3, T, n_hops=hops, sigma2=sigma2, loc=loc, emission=emission)
+    # The engine's checks read the gate at the means (plug_in="mean"); tests/models/test_tied.py checks the
+    # default expected-distance table against brute force.
+    return TiedEmbeddingAttention(S, 3, T, n_hops=hops, sigma2=sigma2, loc=loc, emission=emission, plug_in="mean")
 
 
 def vectors(head, obs):
@@ -53,7 +55,7 @@ def random_obs(n=7, seed=1, masked=False, context=N):
 @MASKED
 @ROUTES
 def test_every_query_matches_brute_force_on_both_routes(kind, hops, masked, ratio, monkeypatch):
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head(kind, hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
     expected = brute_force(head, obs)
     assert torch.allclose(head.log_likelihood(obs), expected["log_likelihood"], rtol=1e-12, atol=0)
@@ -70,7 +72,7 @@ def test_every_query_matches_brute_force_on_both_routes(kind, hops, masked, rati
 @ROUTES
 def test_underflowing_rows_are_recomputed_in_log_space(kind, hops, ratio, monkeypatch):
     """sigma2 = 1e-3 with far-apart keys: gate weights exp(-10^4) underflow in probability space."""
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0), random_obs(n=9, seed=21, masked=True)
     expected = brute_force(head, obs)
     log_likelihood = head.log_likelihood(obs)
@@ -85,9 +87,9 @@ def test_underflowing_rows_are_recomputed_in_log_space(kind, hops, ratio, monkey
 def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch):
     """The differentiable log-likelihood of either route (underflowing rows included) has the gradient of the
     plain log-space forward recursion on the head's dense chain."""
-    from pyro_multihop.hop_chain import chain_log_likelihood
+    from pyro_multihop.engine.log_space import chain_log_likelihood
 
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     for sigma2, scale in ((0.6, 1.0), (1e-3, 2.0)):
         head, obs = make_head(kind, hops, seed=30, sigma2=sigma2, scale=scale), random_obs(n=8, seed=31, masked=True)
         parameters = list(head.parameters())
@@ -106,7 +108,7 @@ def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch)
 @HEADS
 @ROUTES
 def test_chunking_does_not_change_the_answers(kind, ratio, monkeypatch):
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head(kind, 3, seed=40), random_obs(n=50, seed=41, masked=True)
     tiny = 1  # byte: one row per chunk
     assert torch.allclose(head.log_likelihood(obs, budget=tiny), head.log_likelihood(obs), rtol=1e-13)
@@ -137,7 +139,7 @@ class _LargestTensor(TorchFunctionMode):
 def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, monkeypatch):
     """With a budget of 64 KiB, nothing but the query's output and tensors the size of one input field (the
     validation of the symbols) is larger than 64 KiB of float64 elements."""
-    monkeypatch.setattr(engine, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head, obs = make_head("chained", 3, seed=50), random_obs(n=3000, seed=51, context=12)
     budget = 64 * 1024
     with torch.no_grad(), _LargestTensor() as spy:
@@ -325,3 +327,117 @@ def test_path_entropy_without_the_target_is_that_of_the_prior_chain():
                                  dtype=torch.float64)
     assert torch.allclose(head.path_entropy(obs, given_target=False), prior_entropy, atol=1e-12)
     assert not torch.allclose(head.path_entropy(obs), prior_entropy, atol=1e-3)  # the target does inform the path
+
+
+# -- the path queries on the probability-space routes, both forced ------------------------------------------------
+def entropies(posteriors):
+    return torch.tensor([-sum(p * math.log(p) for p in post.values() if p > 0) for post in posteriors],
+                        dtype=torch.float64)
+
+
+def assert_k_best_match(paths, log_probs, posteriors, k, rtol):
+    """Against the brute-force probabilities; paths whose probability underflows float64 there (sigma2 = 1e-3)
+    must have log-probabilities below its range (or -inf) here."""
+    for row, post in enumerate(posteriors):
+        best = sorted((p for p in post.values() if p > 0), reverse=True)[:k]
+        got = log_probs[row, : len(best)]
+        assert torch.allclose(got.exp(), torch.tensor(best, dtype=torch.float64), rtol=rtol)
+        assert (log_probs[row, len(best):].exp() == 0).all()
+        finite = log_probs[row][torch.isfinite(log_probs[row])]
+        assert (finite.diff() <= 0).all()  # best first
+        for path, log_prob in zip(paths[row, : len(best)].tolist(), got.tolist()):
+            assert post[tuple(path)] == pytest.approx(math.exp(log_prob), rel=rtol)
+
+
+def assert_map_paths_are_most_probable(paths, posteriors, rtol):
+    for row, post in enumerate(posteriors):
+        assert post[tuple(paths[row].tolist())] == pytest.approx(max(post.values()), rel=rtol)
+
+
+@HEADS
+@HOPS
+@MASKED
+@ROUTES
+@pytest.mark.parametrize("sigma2, scale", [(0.6, 1.0), (1e-3, 2.0)], ids=["sigma2=0.6", "sigma2=1e-3"])
+def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio, sigma2, scale, monkeypatch):
+    """MAP, k best, entropy (with and without the target) and the lazy posterior; sigma2 = 1e-3 rows underflow in
+    probability space and go to log space."""
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head = make_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale)
+    obs = random_obs(n=8, seed=101 + hops, masked=masked)
+    posteriors = exact_path_posterior(head, obs)
+    rtol = 1e-9
+    assert_map_paths_are_most_probable(head.map_paths(obs), posteriors, rtol)
+    assert_k_best_match(*head.k_best_paths(obs, 4), posteriors, 4, rtol)
+    assert torch.allclose(head.path_entropy(obs), entropies(posteriors), atol=1e-10)
+    emission = head.emission.detach().double()
+    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask)
+    prior = [{path: p for path, (p, _) in table.items()} for table in tables]
+    assert torch.allclose(head.path_entropy(obs, given_target=False), entropies(prior), atol=1e-10)
+    assert_map_paths_are_most_probable(head.map_paths(obs, given_target=False), prior, rtol)
+    posterior = head.posterior(obs)
+    assert torch.equal(posterior.map_paths, head.map_paths(obs))
+    assert posterior.map_paths is posterior.map_paths  # kept after the first read
+    assert torch.allclose(posterior.path_entropy, entropies(posteriors), atol=1e-10)
+    assert torch.allclose(posterior.hop_marginals, brute_force(head, obs)["hop_marginals"], atol=1e-10)
+
+
+@HEADS
+@ROUTES
+def test_posterior_draws_follow_the_exact_path_posterior_on_both_routes(kind, ratio, monkeypatch):
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head(kind, 3, seed=110), random_obs(n=2, seed=111, context=3, masked=True)
+    draws = head.sample_paths(obs, 20000, seed=1)
+    for row, post in enumerate(exact_path_posterior(head, obs)):
+        for path, p in post.items():
+            frequency = float((draws[:, row] == torch.tensor(path)).all(-1).double().mean())
+            assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
+
+
+@ROUTES
+def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, monkeypatch):
+    """sigma2 = 1e-3: rows recomputed in log space still draw the paths of positive posterior probability."""
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = make_head("chained", 2, seed=112, sigma2=1e-3, scale=2.0), random_obs(n=6, seed=113, masked=True)
+    draws = head.sample_paths(obs, 200, seed=2)
+    for row, post in enumerate(exact_path_posterior(head, obs)):
+        for path in draws[:, row].tolist():
+            assert post.get(tuple(path), 0.0) > 0, (row, path)
+
+
+@HOPS
+@ROUTES
+@pytest.mark.parametrize("scale", [2.0, 0.0], ids=["random", "uniform gate"])
+def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, ratio, scale, monkeypatch):
+    """N = 24 > 16 candidates a hop: rows whose k best paths fit in the candidates of every hop are pruned (the
+    spy checks that some are, and with a uniform gate, whose paths tie, that some are not), and equal the dense
+    log-space k best (itself checked against brute force in tests/test_path_queries.py)."""
+    from pyro_multihop.engine import log_space, paths as engine_paths
+
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    found = []
+    candidates = engine_paths._k_best_candidates
+
+    def spy(*args):
+        chosen, fits = candidates(*args)
+        found.append(fits)
+        return chosen, fits
+
+    monkeypatch.setattr(engine_paths, "_k_best_candidates", spy)
+    head = make_head("chained", hops, seed=120, scale=scale)
+    obs = random_obs(n=40, seed=121, masked=True, context=24)
+    paths, log_probs = head.k_best_paths(obs, 3)
+    with torch.no_grad():
+        chain, log_emission = head.hop_chain(obs), head.log_emission[obs.values, obs.target.unsqueeze(-1)]
+        _, expected = log_space.chain_k_best(chain, log_emission, 3)
+        log_likelihood = log_space.chain_log_likelihood(chain, log_emission)
+    assert torch.allclose(log_probs, expected, rtol=1e-10, atol=1e-12)
+    rows = torch.arange(len(obs)).unsqueeze(-1)
+    path_scores = chain.init[rows, paths[..., 0]] + log_emission[rows, paths[..., -1]]  # (n, k): each path's joint
+    for hop in range(hops - 1):
+        path_scores = path_scores + chain.trans[hop][rows, paths[..., hop], paths[..., hop + 1]]
+    assert torch.allclose(path_scores - log_likelihood.unsqueeze(-1), log_probs, rtol=1e-10, atol=1e-12)
+    assert all(len(set(map(tuple, row))) == 3 for row in paths.tolist())  # distinct paths
+    if hops > 1:
+        pruned = torch.cat(found)
+        assert pruned.any() if scale else not pruned.all()

@@ -7,7 +7,7 @@ import oracle
 import pytest
 import torch
 
-from pyro_multihop.hop_chain import (
+from pyro_multihop.engine.log_space import (
     MASKED_LOGIT,
     HopChain,
     chain_entropy,

@@ -41,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,9 +103,15 @@ class BabiQuestion:
 
 
 def read_babi(path: PathLike) -> List[BabiQuestion]:
-    """Parse one bAbI file into its questions.
+    """Parse one bAbI file into its questions, strictly (docs/data.md lists what it refuses).
 
-    :raises BabiFormatError: (a ``ValueError``) naming the file and line of the first malformed line.
+    A line is ``ID text``, with ``ID`` in ASCII digits; a line with a tab is a question
+    (``question?<TAB>answer<TAB>supporting IDs``), and a line holding a ``?`` without one is an error, not a
+    statement (a question whose tabs became spaces); every line ends with a newline (a file cut short loses it).
+
+    :raises BabiFormatError: (a ``ValueError``) naming the file and line of the first malformed line and
+        quoting it: not UTF-8, a bad or out-of-order ID, a question without tabs, a supporting ID that is not
+        an integer or names no earlier statement, a last line without its newline.
     :raises FileNotFoundError: if ``path`` does not exist.
     """
     path = Path(path)
@@ -112,14 +119,17 @@ def read_babi(path: PathLike) -> List[BabiQuestion]:
     statements: List[Tuple[int, Tuple[str, ...]]] = []
     seen_ids: set = set()
     previous_id = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
             where = f"{path}:{line_number}"
+            line = _decoded(raw, where, line_number)
+            if not line.endswith("\n"):
+                raise BabiFormatError(f"{where}: the last line ends without a newline (is the file cut short?): {line!r}")
             line = line.rstrip("\n").rstrip("\r")
             if not line.strip():
                 continue
             number, _, rest = line.partition(" ")
-            if not number.isdigit() or not rest.strip():
+            if not _ID.fullmatch(number) or not rest.strip():
                 raise BabiFormatError(f"{where}: expected 'ID text' with a positive integer ID, got {line!r}")
             line_id = int(number)
             if line_id == 1:
@@ -130,6 +140,10 @@ def read_babi(path: PathLike) -> List[BabiQuestion]:
                 )
             previous_id = line_id
             if "\t" not in rest:
+                if "?" in rest:  # a question whose tabs were lost (turned into spaces, or cut)
+                    raise BabiFormatError(
+                        f"{where}: a question needs tabs, 'ID question?<TAB>answer<TAB>supporting IDs', got {line!r}"
+                    )
                 tokens = tokenize(rest)
                 if not tokens:
                     raise BabiFormatError(f"{where}: statement {line_id} has no words: {line!r}")
@@ -146,18 +160,32 @@ def read_babi(path: PathLike) -> List[BabiQuestion]:
             if not tokenize(question) or not answer:
                 raise BabiFormatError(f"{where}: empty question or answer: {line!r}")
             support_ids = support.split()
-            if not support_ids or not all(token.isdigit() for token in support_ids):
-                raise BabiFormatError(f"{where}: supporting fact IDs must be integers, got {support!r}")
+            if not support_ids or not all(_ID.fullmatch(token) for token in support_ids):
+                raise BabiFormatError(f"{where}: supporting fact IDs must be integers, got {support!r} in {line!r}")
             supporting = tuple(int(token) for token in support_ids)
             missing = [fact for fact in supporting if fact not in seen_ids]
             if missing:
                 raise BabiFormatError(
-                    f"{where}: supporting fact IDs {missing} name no earlier statement of this story"
+                    f"{where}: supporting fact IDs {missing} name no earlier statement of this story: {line!r}"
                 )
             questions.append(BabiQuestion(tuple(statements), tokenize(question), answer, supporting, where))
     if not questions:
         raise BabiFormatError(f"{path}: no question lines (a bAbI file holds stories with questions)")
     return questions
+
+
+_ID = re.compile(r"[1-9][0-9]*")
+
+
+def _decoded(raw: bytes, where: str, line_number: int) -> str:
+    """Line ``raw`` as UTF-8 text (a byte-order mark dropped from the first line); a :class:`BabiFormatError`
+    names the first byte that is not."""
+    try:
+        return raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+    except UnicodeDecodeError as error:
+        raise BabiFormatError(
+            f"{where}: expected UTF-8 text, got the byte {raw[error.start]:#04x} at position {error.start}: {raw!r}"
+        ) from None
 
 
 def task_files(data_dir: PathLike, task: int, split: str) -> Path:

@@ -1,12 +1,12 @@
 """EM references for the multi-hop heads.
 
-- :mod:`pyro_multihop.em.chained`: closed-form EM for the one-hot :class:`~pyro_multihop.models.ChainedAttention`
+- :mod:`pyro_multihop.em.closed_form`: closed-form EM for the one-hot :class:`~pyro_multihop.models.ChainedAttention`
   (exact forward-backward E-step, additive sufficient statistics, closed-form M-step).
 - :mod:`pyro_multihop.em.variational`: the variational-EM reference for the tied-embedding head
   (Monte-Carlo reparameterised ELBO gradient with Adam, closed-form emission, prior annealing).
 """
 
-from .chained import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
+from .closed_form import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .variational import TiedEmbeddingVEM
 
 __all__ = [

@@ -5,6 +5,7 @@ Each iteration ``t`` (``w_t`` the annealed KL weight, ``q(e) = prod Normal(m, ex
     E-step   draw eps^(1..mc) ~ Normal(0, I), e^(k) = m + exp(log_var / 2) * eps^(k)        (S, D) each
              ELBO_t = mean_k sum_obs log p(target | e^(k)) - w_t * KL(q || Normal(0, I))   (hops summed exactly)
              gamma[obs, i] = mean_k p(z_L = i | obs, e^(k))                               last-hop responsibilities
+             LL_t = sum_obs log p(target | plug-in table at m, exp(log_var / 2))         the head's plug-in rule
     M-step   (m, log_var) <- Adam step along grad ELBO_t (reparameterised, analytic KL)
              emission[v, t] <- (sum_{obs, i: value_i = v, target = t} gamma[obs, i] + alpha)
                                / (sum_{obs, i: value_i = v} gamma[obs, i] + T alpha)
@@ -14,6 +15,13 @@ with the weight ``w_t = prior_strength * min(1, (t + 1) / anneal_iters)``
 random (uniform on the simplex) last-hop responsibilities. The KL weight multiplies the KL of the whole
 data set's ELBO (the sum over observations), as in the Pyro model: ``TiedEmbeddingAttention`` with the
 same schedule maximises the same objective by SVI, one draw a step.
+
+Two quantities are recorded per iteration, each under its own name: ``elbos_``, the annealed ELBO per
+observation (a Monte-Carlo estimate of ``E_q[log-likelihood] - w_t KL / n``), and ``log_likelihoods_``,
+the plug-in log-likelihood per observation of the training data, which is what :meth:`TiedEmbeddingVEM.score`
+and the head's ``evaluate`` report. The two can disagree: draws from a wide posterior can separate the
+symbols while a plug-in predictor does not. Convergence needs both to settle, and
+:func:`~pyro_multihop.diagnostics.diagnose_fit` runs at the end of :meth:`TiedEmbeddingVEM.fit`.
 
 Example::
 
@@ -32,15 +40,16 @@ import math
 import warnings
 from typing import Optional
 
+import pandas as pd
 import torch
 
-from .. import distributed
-from ..data import Observations
-from ..guides.annealing import LinearAnnealing
-from .. import engine
+from .. import distributed, engine
 from ..checks import check_number, check_positive_int, check_sigma2
-from ..models.tied import TiedEmbeddingAttention, embedding_hop_gates
-from .chained import ConvergenceWarning
+from ..data import Observations
+from ..diagnostics import diagnose_fit
+from ..guides.annealing import DEFAULT_PRIOR_STRENGTH, LinearAnnealing
+from ..models.tied import PLUG_IN_RULES, TiedEmbeddingAttention, embedding_hop_gates, plug_in_hop_gates
+from .closed_form import ConvergenceWarning
 
 __all__ = ["TiedEmbeddingVEM"]
 
@@ -56,27 +65,27 @@ class TiedEmbeddingVEM:
     :param float sigma2: gate variance (0.3).
     :param float lr: Adam learning rate of the means and log variances (0.05).
     :param int mc: Monte-Carlo draws of the embeddings per iteration (5).
-    :param float prior_strength: final KL weight (0.1). :param int anneal_iters: length of its ramp (100).
+    :param float prior_strength: final KL weight (0.01, :data:`~pyro_multihop.guides.annealing.DEFAULT_PRIOR_STRENGTH`;
+        ``docs/tied.md`` measures it against the reference's 0.1). :param int anneal_iters: length of its ramp (100).
+    :param str plug_in: the plug-in rule of the fitted head and of ``log_likelihoods_`` (``"expected"``; see
+        :mod:`pyro_multihop.models.tied`).
     :param float emission_smoothing: pseudo-count ``alpha`` of the emission M-step (1e-4).
     :param float init_loc_scale: standard deviation of the random initial means (0.1).
     :param float init_log_var: initial log variance of every entry (``2 log 0.1``, posterior sd 0.1).
     :param int max_iters: most iterations of :meth:`fit` (1000).
-    :param float tol: convergence threshold (1e-4) on the change, per observation, of the mean annealed
-        ELBO over the last ``window`` iterations against the ``window`` before. Both windows must lie after
+    :param float tol: convergence threshold (1e-4) on the change, per observation, of the mean over the last
+        ``window`` iterations against the ``window`` before, met by both the annealed ELBO (the posterior has
+        settled) and the plug-in training log-likelihood (so has the predictor). Both windows must lie after
         the KL ramp, so the earliest stop is at ``anneal_iters + 2 * window`` iterations.
-    :param int window: that averaging window (50): the ELBO is a Monte-Carlo estimate, and the posterior
-        variances move it little, so a short window or a loose ``tol`` stops while they are still growing.
-
-    Why these defaults (``docs/newcomer.md`` has the measurement): on the transitive task (S = 18, D = 8,
-    800 observations) the old rule (``window = 10``, ``tol = 1e-3``, checked from the end of the ramp)
-    stopped after about 108 iterations with a mean posterior sd of 0.16, while the sd settles near 0.42
-    after 500 to 600 iterations; the default rule stops after 560 to 610 iterations (seeds 0 to 2), within
-    2% of a 600-iteration run.
+    :param int window: that averaging window (50). The posterior variances move the fit slowly, so a short
+        window or a loose ``tol`` stops while they are still growing.
     :param int seed: seed of the initial means, the initial responsibilities and the draws (0).
 
     Fitted attributes: ``means_``, ``log_vars_`` (``(S, D)``), ``scales_`` (``exp(log_vars_ / 2)``),
-    ``emission_`` (``(S, T)``), ``n_iter_``, ``converged_``, ``lower_bounds_`` (annealed ELBO estimate
-    of each iteration, before its update), ``kl_weights_``.
+    ``emission_`` (``(S, T)``), ``n_iter_``, ``converged_``, and per iteration (before its update):
+    ``elbos_`` (annealed ELBO per observation), ``log_likelihoods_`` (plug-in training log-likelihood per
+    observation), ``lower_bounds_`` (annealed ELBO of the whole data, ``n * elbos_``) and ``kl_weights_``;
+    :meth:`metrics` gathers them in a frame. ``diagnostics_`` lists the diagnostics the fit raised.
     """
 
     def __init__(
@@ -89,8 +98,9 @@ class TiedEmbeddingVEM:
         sigma2: float = 0.3,
         lr: float = 0.05,
         mc: int = 5,
-        prior_strength: float = 0.1,
+        prior_strength: float = DEFAULT_PRIOR_STRENGTH,
         anneal_iters: int = 100,
+        plug_in: str = "expected",
         emission_smoothing: float = 1e-4,
         init_loc_scale: float = 0.1,
         init_log_var: float = 2 * math.log(0.1),
@@ -108,6 +118,7 @@ class TiedEmbeddingVEM:
         self.mc = mc
         self.prior_strength = prior_strength
         self.anneal_iters = anneal_iters
+        self.plug_in = plug_in
         self.emission_smoothing = emission_smoothing
         self.init_loc_scale = init_loc_scale
         self.init_log_var = init_log_var
@@ -121,6 +132,8 @@ class TiedEmbeddingVEM:
         for name in ("num_symbols", "embed_dim", "num_targets", "n_hops", "mc", "max_iters", "window"):
             check_positive_int(name, getattr(self, name))
         check_sigma2(self.sigma2)
+        if self.plug_in not in PLUG_IN_RULES:
+            raise ValueError(f"plug_in must be one of {PLUG_IN_RULES}, got {self.plug_in!r}")
         if isinstance(self.anneal_iters, bool) or not isinstance(self.anneal_iters, int) or self.anneal_iters < 0:
             raise ValueError(f"anneal_iters must be a non-negative integer, got {self.anneal_iters!r}")
         check_number("lr", self.lr, 0.0, strict=True)
@@ -174,7 +187,7 @@ class TiedEmbeddingVEM:
         own = generator if not distributed.is_distributed() else torch.Generator().manual_seed(distributed.rank_seed(self.seed))
         emission = self._initial_emission(obs, own, dtype)
 
-        lower_bounds, kl_weights = [], []
+        elbos, log_likelihoods, kl_weights = [], [], []
         converged = False
         iteration = 0
         for iteration in range(1, max_iters + 1):
@@ -183,15 +196,18 @@ class TiedEmbeddingVEM:
             optimizer.zero_grad()
             (-elbo).backward()
             counts = self._counts(obs, responsibilities)
-            elbo = elbo.detach().reshape(1).clone()
-            distributed.all_reduce_([means.grad, log_vars.grad, counts, elbo])  # no-op in one process
+            totals = torch.stack([elbo.detach(), self._plug_in_log_likelihood(obs, means, log_vars, emission)])
+            distributed.all_reduce_([means.grad, log_vars.grad, counts, totals])  # no-op in one process
             optimizer.step()
             emission = self._smooth(counts)
-            lower_bounds.append(float(elbo))
+            elbos.append(float(totals[0]) / n)
+            log_likelihoods.append(float(totals[1]) / n)
             kl_weights.append(weight)
             if iteration % 50 == 0:
-                logger.debug("iteration %d: annealed ELBO %.4f, KL weight %.4g", iteration, lower_bounds[-1], weight)
-            if iteration >= self.anneal_iters + 2 * self.window and self._has_converged(lower_bounds, n):
+                logger.debug("iteration %d: annealed ELBO %.4f, plug-in log-likelihood %.4f per observation, "
+                             "KL weight %.4g", iteration, elbos[-1], log_likelihoods[-1], weight)
+            if (iteration >= self.anneal_iters + 2 * self.window and self._has_converged(elbos)
+                    and self._has_converged(log_likelihoods)):
                 converged = True
                 break
 
@@ -201,16 +217,31 @@ class TiedEmbeddingVEM:
         self.emission_ = emission
         self.n_iter_ = iteration
         self.converged_ = converged
-        self.lower_bounds_ = torch.tensor(lower_bounds, dtype=torch.float64)
+        self.elbos_ = torch.tensor(elbos, dtype=torch.float64)
+        self.log_likelihoods_ = torch.tensor(log_likelihoods, dtype=torch.float64)
+        self.lower_bounds_ = self.elbos_ * n
         self.kl_weights_ = torch.tensor(kl_weights, dtype=torch.float64)
         if not converged:
             warnings.warn(
-                f"variational EM stopped at max_iters = {max_iters} before the ELBO settled (tol = {self.tol}); "
-                "raise max_iters or tol",
+                f"variational EM stopped at max_iters = {max_iters} before its ELBO and plug-in log-likelihood settled "
+                f"(tol = {self.tol}); raise max_iters or tol",
                 ConvergenceWarning,
                 stacklevel=2,
             )
+        self.diagnostics_ = diagnose_fit(self.to_head(), self.metrics(), objective="elbo",
+                                         log_likelihood="log_likelihood", converged=converged, stacklevel=3)
         return self
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per iteration: ``step`` (iterations done before it, from 0), ``elbo`` (annealed ELBO per
+        observation), ``log_likelihood`` (plug-in training log-likelihood per observation), ``kl_weight``."""
+        self._check_fitted()
+        return pd.DataFrame({
+            "step": range(len(self.elbos_)),
+            "elbo": self.elbos_.tolist(),
+            "log_likelihood": self.log_likelihoods_.tolist(),
+            "kl_weight": self.kl_weights_.tolist(),
+        })
 
     def _initial_emission(self, obs: Observations, generator: torch.Generator, dtype) -> torch.Tensor:
         """Smoothed counts of random last-hop responsibilities (uniform on the simplex, padding excluded)."""
@@ -237,6 +268,12 @@ class TiedEmbeddingVEM:
             kl = kl * 0.0  # summed over ranks, the KL term counts once (rank 0's)
         return log_likelihood / self.mc - weight * kl, responsibilities / self.mc
 
+    @torch.no_grad()
+    def _plug_in_log_likelihood(self, obs, means, log_vars, emission) -> torch.Tensor:
+        """Summed plug-in ``log p(target | context, query)`` of ``obs`` at the current posterior (a 0-dim tensor)."""
+        gates = plug_in_hop_gates(means, (0.5 * log_vars).exp(), emission.log(), self.sigma2, self.n_hops, self.plug_in)
+        return engine.log_likelihood(gates, obs).sum().to(means.dtype)
+
     def _m_step(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
         """Closed-form emission: smoothed counts of ``(value at the last hop, target)``."""
         return self._smooth(self._counts(obs, responsibilities))
@@ -252,10 +289,10 @@ class TiedEmbeddingVEM:
         counts = counts + self.emission_smoothing
         return counts / counts.sum(-1, keepdim=True)
 
-    def _has_converged(self, lower_bounds, n: int) -> bool:
-        recent = sum(lower_bounds[-self.window:]) / self.window
-        before = sum(lower_bounds[-2 * self.window: -self.window]) / self.window
-        return abs(recent - before) / n < self.tol
+    def _has_converged(self, per_observation) -> bool:
+        recent = sum(per_observation[-self.window:]) / self.window
+        before = sum(per_observation[-2 * self.window: -self.window]) / self.window
+        return abs(recent - before) < self.tol
 
     # -- fitted model ----------------------------------------------------------------------------------
     def to_head(self) -> TiedEmbeddingAttention:
@@ -269,6 +306,7 @@ class TiedEmbeddingVEM:
             self.n_hops,
             self.sigma2,
             annealing=LinearAnnealing(self.prior_strength, self.anneal_iters),
+            plug_in=self.plug_in,
             loc=self.means_,
             scale=self.scales_,
             emission=self.emission_,
@@ -277,12 +315,12 @@ class TiedEmbeddingVEM:
 
     # Plug-in inference at the posterior means is the head's: one implementation, not a copy.
     def log_likelihood(self, obs: Observations) -> torch.Tensor:
-        """``(n,)`` plug-in ``log p(target | context, query)`` at the posterior means."""
+        """``(n,)`` plug-in ``log p(target | context, query)`` (the rule ``plug_in``)."""
         self._check_fitted()
         return self.to_head().log_likelihood(self._check_observations(obs)).detach()
 
     def predict_proba(self, keys, values=None, query=None, mask=None) -> torch.Tensor:
-        """``(n, T)`` plug-in predictive at the posterior means; takes arrays or an :class:`Observations`."""
+        """``(n, T)`` plug-in predictive (the rule ``plug_in``); takes arrays or an :class:`Observations`."""
         self._check_fitted()
         return self.to_head().predict_proba(keys, values, query, mask).detach()
 

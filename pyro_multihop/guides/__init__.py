@@ -1,9 +1,10 @@
 """Variational guides and KL annealing for the heads with continuous latents (the tied-embedding head)."""
 
-from .annealing import AnnealingSchedule, Constant, LinearAnnealing, check_kl_weight, make_schedule, scale_kl
+from .annealing import DEFAULT_PRIOR_STRENGTH, AnnealingSchedule, Constant, LinearAnnealing, check_kl_weight, make_schedule, scale_kl
 from .mean_field import MeanFieldNormalGuide
 
 __all__ = [
+    "DEFAULT_PRIOR_STRENGTH",
     "AnnealingSchedule",
     "LinearAnnealing",
     "Constant",

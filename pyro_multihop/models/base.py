@@ -26,7 +26,7 @@ from .. import engine
 from ..checks import check_positive_int, check_sigma2
 from ..data import Observations
 from ..distributions import GateCategorical, TableCategorical
-from ..hop_chain import HopChain, HopPosterior, chain_sample_paths
+from ..engine.log_space import HopChain, chain_sample_paths
 
 __all__ = ["HopAttentionHead", "sample_hop_path", "attended_values", "emission_to_logits", "check_positive_int", "check_sigma2"]
 
@@ -191,13 +191,13 @@ class HopAttentionHead(PyroModule):
         return engine.predict_proba(self.hop_gates(), obs, budget)
 
     @torch.no_grad()
-    def posterior(self, obs: Observations, *, pairwise: bool = False, budget: Optional[int] = None) -> HopPosterior:
-        """Exact posterior over hop paths: log-likelihood, hop marginals, MAP paths, and the pairwise marginals
-        ``(L - 1, n, N, N)`` only with ``pairwise=True`` (otherwise None: they take ``O(n N^2)`` memory)."""
+    def posterior(self, obs: Observations, *, pairwise: bool = False, budget: Optional[int] = None) -> engine.HopPosterior:
+        """Exact posterior over hop paths (:class:`~pyro_multihop.engine.HopPosterior`), in one forward-backward
+        pass: log-likelihood and hop marginals, the pairwise marginals ``(L - 1, n, N, N)`` only with
+        ``pairwise=True`` (otherwise None: they take ``O(n N^2)`` memory); the MAP paths, the entropy and the
+        k best paths are computed when first read, and kept."""
         self.check_observations(obs)
-        gates = self.hop_gates()
-        log_likelihood, marginals, pairs = engine.posterior_marginals(gates, obs, budget, pairwise=pairwise)
-        return HopPosterior(log_likelihood, marginals, pairs, engine.map_paths(gates, obs, budget))
+        return engine.HopPosterior(self.hop_gates(), obs, budget, pairwise=pairwise)
 
     @torch.no_grad()
     def hop_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:

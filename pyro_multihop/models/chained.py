@@ -39,8 +39,8 @@ from pyro.nn import pyro_method
 
 from ..data import Observations
 from ..distributions import CollapsedHopChain
-from ..gates import log_normalize, table_gather
-from ..hop_chain import MASKED_LOGIT, HopChain
+from ..gate_ops import log_normalize, table_gather
+from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import (
     HopAttentionHead,
     attended_values,

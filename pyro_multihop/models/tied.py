@@ -41,9 +41,18 @@ S = 18, D = 8; the model traced under ``poutine.enum(first_available_dim=-2)``):
           target dist 6 1  4  |
                 value      4  |
 
-Plug-in quantities (``log_likelihood``, ``posterior``, ``map_paths``, ``evaluate``, ``predict_proba``) use
-the posterior means; ``predict_proba(..., num_samples=M)`` averages the predictive over ``M`` draws of
-the posterior instead.
+Plug-in quantities (``log_likelihood``, ``posterior``, ``map_paths``, ``evaluate``, ``predict_proba``) put
+one ``(S, S)`` table of squared distances into the gate. With ``plug_in="expected"`` (the default) it is the
+posterior expectation of the squared distance::
+
+    E_q ||e_s - e_t||^2 = ||m_s - m_t||^2 + sum_d (s_sd^2 + s_td^2)      (s != t; 0 for s = t)
+
+(``m``, ``s`` the posterior means and standard deviations), i.e. the gate at the expected log-potential,
+as mean-field variational Bayes updates a discrete factor. ``plug_in="mean"`` uses the distances between
+the means alone. The two agree when the posterior is narrow. They differ where the noise, not the means,
+separates the symbols: on a task that needs only identity matching the posterior can sit near the prior
+(any distinct embeddings do), and the means alone then attend almost uniformly. ``docs/tied.md`` measures
+both. ``predict_proba(..., num_samples=M)`` averages the predictive over ``M`` draws of the posterior instead.
 """
 
 from __future__ import annotations
@@ -61,19 +70,26 @@ from .. import engine
 from ..checks import check_number
 from ..data import Observations
 from ..distributions import CollapsedHopChain
-from ..gates import log_normalize, table_gather
+from ..gate_ops import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
-from ..hop_chain import MASKED_LOGIT, HopChain
+from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
 __all__ = [
+    "PLUG_IN_RULES",
     "TiedEmbeddingAttention",
     "embedding_gate_logits",
     "embedding_score_tables",
     "embedding_hop_gates",
     "squared_distances",
+    "expected_squared_distances",
+    "plug_in_distances",
+    "plug_in_hop_gates",
 ]
+
+#: The plug-in rules of :class:`TiedEmbeddingAttention` (see the module docstring).
+PLUG_IN_RULES = ("expected", "mean")
 
 # Above this many elements in the (S, S', D) difference tensor, distances use the Gram form.
 _EXPLICIT_DIFFERENCE_LIMIT = 2**20
@@ -104,6 +120,21 @@ def squared_distances(a: torch.Tensor, b: Optional[torch.Tensor] = None, method:
     return distances
 
 
+def expected_squared_distances(loc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(S, S)`` posterior expectation of ``||e_s - e_t||^2`` under ``e ~ Normal(loc, scale)`` (independent
+    entries): ``||loc_s - loc_t||^2 + sum_d (scale_sd^2 + scale_td^2)`` off the diagonal, 0 on it (a symbol's
+    distance to itself is 0 in every draw).
+
+    :param loc: ``(S, D)`` means. :param scale: ``(S, D)`` standard deviations.
+
+    It equals :func:`squared_distances` of the means augmented by ``S`` dimensions, ``sqrt(sum_d scale_sd^2)``
+    times the one-hot of ``s``.
+    """
+    variance = scale.pow(2).sum(-1)
+    off_diagonal = ~torch.eye(loc.shape[-2], dtype=torch.bool, device=loc.device)
+    return squared_distances(loc) + (variance.unsqueeze(-1) + variance.unsqueeze(-2)) * off_diagonal
+
+
 def embedding_gate_logits(
     distances: torch.Tensor,
     keys: torch.Tensor,
@@ -123,15 +154,36 @@ def embedding_gate_logits(
 
 
 def embedding_score_tables(embeddings: torch.Tensor, sigma2: float, n_hops: int) -> torch.Tensor:
-    """``(L, S, S)`` gate score tables of the tied head at ``embeddings (S, D)``: the same table
-    ``-||e_q - e_k||^2 / 2 sigma2`` at every hop (an expanded view)."""
-    return (squared_distances(embeddings) / (-2.0 * sigma2)).expand(n_hops, -1, -1)
+    """``(*batch, L, S, S)`` gate score tables of the tied head at ``embeddings (*batch, S, D)``: the same
+    table ``-||e_q - e_k||^2 / 2 sigma2`` at every hop (an expanded view)."""
+    table = squared_distances(embeddings) / (-2.0 * sigma2)
+    return table.unsqueeze(-3).expand(table.shape[:-2] + (n_hops,) + table.shape[-2:])
 
 
 def embedding_hop_gates(embeddings: torch.Tensor, log_emission: torch.Tensor, sigma2: float, n_hops: int) -> engine.HopGates:
     """The engine's view (:class:`~pyro_multihop.engine.HopGates`) of the tied head at ``embeddings (S, D)``
     with the ``(S, T)`` log emission table."""
-    scores = embedding_score_tables(embeddings, sigma2, n_hops)
+    return _score_hop_gates(embedding_score_tables(embeddings, sigma2, n_hops), log_emission, n_hops)
+
+
+def plug_in_distances(loc: torch.Tensor, scale: torch.Tensor, plug_in: str = "expected") -> torch.Tensor:
+    """``(S, S)`` squared distances of a plug-in rule (:data:`PLUG_IN_RULES`) at the posterior ``loc``,
+    ``scale`` (``(S, D)`` each): :func:`expected_squared_distances` or :func:`squared_distances` of ``loc``."""
+    if plug_in == "expected":
+        return expected_squared_distances(loc, scale)
+    if plug_in == "mean":
+        return squared_distances(loc)
+    raise ValueError(f"plug_in must be one of {PLUG_IN_RULES}, got {plug_in!r}")
+
+
+def plug_in_hop_gates(loc: torch.Tensor, scale: torch.Tensor, log_emission: torch.Tensor, sigma2: float,
+                      n_hops: int, plug_in: str = "expected") -> engine.HopGates:
+    """The engine's view of the tied head's plug-in rule at the posterior ``loc``, ``scale`` (``(S, D)``)."""
+    scores = (plug_in_distances(loc, scale, plug_in) / (-2.0 * sigma2)).expand(n_hops, -1, -1)
+    return _score_hop_gates(scores, log_emission, n_hops)
+
+
+def _score_hop_gates(scores: torch.Tensor, log_emission: torch.Tensor, n_hops: int) -> engine.HopGates:
     return engine.HopGates(log_emission, functools.partial(engine.chain_from_scores, scores), n_hops, scores)
 
 
@@ -144,8 +196,12 @@ class TiedEmbeddingAttention(HopAttentionHead):
     :param int n_hops: ``L`` (1 = a single attention head).
     :param float sigma2: gate variance (attention temperature), positive; 0.3 as in the reference.
     :param annealing: KL-weight schedule for SVI: an :class:`~pyro_multihop.guides.AnnealingSchedule`, its
-        ``config()`` dict, or None for ``LinearAnnealing(prior_strength=0.1, anneal_steps=100)``.
-        ``LinearAnnealing(0.1, 0)`` (or ``Constant(0.1)``) switches annealing off.
+        ``config()`` dict, or None for ``LinearAnnealing(prior_strength=0.01, anneal_steps=100)``
+        (:data:`~pyro_multihop.guides.annealing.DEFAULT_PRIOR_STRENGTH`; the reference's 0.1 lets the means
+        collapse on identity-matching tasks, ``docs/tied.md``). ``Constant(w)`` switches annealing off.
+    :param str plug_in: the distance table of the plug-in quantities: ``"expected"`` (default, the posterior
+        expectation of the squared distances, :func:`expected_squared_distances`) or ``"mean"`` (between the
+        posterior means); see the module docstring.
     :param float init_loc_scale: standard deviation of the random initial posterior means.
     :param float init_scale: initial posterior standard deviation (all entries).
     :param loc: optional ``(S, D)`` initial posterior means (overrides the random ones).
@@ -180,6 +236,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
         sigma2: float = 0.3,
         *,
         annealing=None,
+        plug_in: str = "expected",
         init_loc_scale: float = 0.1,
         init_scale: float = 0.1,
         loc=None,
@@ -194,6 +251,9 @@ class TiedEmbeddingAttention(HopAttentionHead):
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.sigma2 = check_sigma2(sigma2)
         self.annealing: AnnealingSchedule = make_schedule(annealing)
+        if plug_in not in PLUG_IN_RULES:
+            raise ValueError(f"plug_in must be one of {PLUG_IN_RULES}, got {plug_in!r}")
+        self.plug_in = plug_in
         self.init_loc_scale = check_number("init_loc_scale", init_loc_scale)
         self.init_scale = check_number("init_scale", init_scale, strict=True)
         self.seed = None if seed is None else int(seed)
@@ -242,6 +302,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
             "n_hops": self.n_hops,
             "sigma2": self.sigma2,
             "annealing": self.annealing.config(),
+            "plug_in": self.plug_in,
             "init_loc_scale": self.init_loc_scale,
             "init_scale": self.init_scale,
             "seed": self.seed,
@@ -255,7 +316,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
     def svi_defaults(self) -> dict:
         """Settings of ``fit_svi`` when none are given: full-batch Adam at the reference's constant
         ``lr = 0.05`` (no learning-rate decay), 300 steps: the 100-step ramp of the default schedule, then
-        200 at the final weight."""
+        200 at the final weight (``docs/tied.md`` measures them against the reference's KL weight)."""
         return {"num_steps": 300, "lr": 0.05, "lr_decay": 1.0, "batch_size": None}
 
     def prior(self) -> dist.TorchDistribution:
@@ -290,7 +351,9 @@ class TiedEmbeddingAttention(HopAttentionHead):
     def collapsed_model(self, obs: Observations, subsample_size: Optional[int] = None, kl_weight=1.0) -> None:
         """:meth:`model` with the hop path summed out by the engine: site ``embeddings`` under
         ``scale_kl(kl_weight)``, then ``target ~ CollapsedHopChain`` in the plate ``observations``. Same guide,
-        same loss and gradient for a given draw of the embeddings, no enumerated sites (``Trace_ELBO``)."""
+        same loss and gradient for a given draw of the embeddings, no enumerated sites (``Trace_ELBO``). Under
+        ``Trace_ELBO(num_particles=K, vectorize_particles=True)`` the draw is ``(K, 1, S, D)`` and the target
+        site's batch shape ``(K, n)``."""
         self.check_observations(obs)
         check_kl_weight(kl_weight)
         with scale_kl(kl_weight):
@@ -306,17 +369,19 @@ class TiedEmbeddingAttention(HopAttentionHead):
     # -- plug-in inference ------------------------------------------------------------------------------
     def gate_score_tables(self, embeddings: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``(L, S, S)``: ``scores[l, q, k] = -||e_q - e_k||^2 / 2 sigma2`` (the same table at every hop), at
-        ``embeddings`` (``(S, D)``; default the posterior means)."""
-        return embedding_score_tables(self.guide.loc if embeddings is None else embeddings, self.sigma2, self.n_hops)
+        ``embeddings`` (``(S, D)``); by default the plug-in table ``-plug_in_distances() / 2 sigma2``."""
+        if embeddings is not None:
+            return embedding_score_tables(embeddings, self.sigma2, self.n_hops)
+        distances = plug_in_distances(self.guide.loc, self.guide.scale, self.plug_in)
+        return (distances / (-2.0 * self.sigma2)).expand(self.n_hops, -1, -1)
 
     def hop_chain(self, obs: Observations, embeddings: Optional[torch.Tensor] = None) -> HopChain:
-        """Gate factors at ``embeddings`` (``(S, D)``; default the posterior means)."""
+        """Gate factors at ``embeddings`` (``(S, D)``; default the plug-in table)."""
         return engine.chain_from_scores(self.gate_score_tables(embeddings), obs)
 
     def hop_gates(self, embeddings: Optional[torch.Tensor] = None) -> engine.HopGates:
-        """The engine's view of the head at ``embeddings`` (default the posterior means)."""
-        embeddings = self.guide.loc if embeddings is None else embeddings
-        return embedding_hop_gates(embeddings, self.log_emission, self.sigma2, self.n_hops)
+        """The engine's view of the head at ``embeddings`` (default the plug-in table)."""
+        return _score_hop_gates(self.gate_score_tables(embeddings), self.log_emission, self.n_hops)
 
     def predict_proba(self, keys, values=None, query=None, mask=None, *, num_samples: Optional[int] = None,
                       seed: Optional[int] = None, budget: Optional[int] = None) -> torch.Tensor:
@@ -324,7 +389,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
 
         Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
 
-        :param num_samples: None: plug in the posterior means. ``M``: the Monte-Carlo posterior predictive,
+        :param num_samples: None: the plug-in rule (``plug_in``). ``M``: the Monte-Carlo posterior predictive,
             the average of the predictive over ``M`` posterior draws (:meth:`sample_embeddings`).
         :param seed: seed of those draws.
         """
@@ -344,22 +409,23 @@ class TiedEmbeddingAttention(HopAttentionHead):
 
         Context keys, values and the query are uniform over the ``S`` symbols. ``embeddings="posterior"``
         draws one embedding matrix from the posterior for the whole batch (the embeddings are a global
-        latent: this is the posterior predictive); ``"mean"`` uses the posterior means, so that the
-        frequencies follow :meth:`predict_proba`.
+        latent: this is the posterior predictive); ``"plug_in"`` uses the plug-in table, so that the
+        frequencies follow :meth:`predict_proba`; ``"mean"`` uses the posterior means.
         """
         check_positive_int("n", n)
         check_positive_int("context_len", context_len)
-        if embeddings not in ("posterior", "mean"):
-            raise ValueError(f"embeddings must be 'posterior' or 'mean', got {embeddings!r}")
+        if embeddings not in ("posterior", "plug_in", "mean"):
+            raise ValueError(f"embeddings must be 'posterior', 'plug_in' or 'mean', got {embeddings!r}")
         generator, context = self._random_context(n, context_len, seed)
         loc, scale = self.guide.loc, self.guide.scale
-        draw = loc
+        draw = None if embeddings == "plug_in" else loc
         if embeddings == "posterior":
             draw = loc + scale * torch.randn(loc.shape, generator=generator, dtype=loc.dtype)
         return self._sample_targets(context, self.hop_gates(draw), generator)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", embed_dim={self.embed_dim}, sigma2={self.sigma2}, annealing={self.annealing!r}"
+        return (super().extra_repr() + f", embed_dim={self.embed_dim}, sigma2={self.sigma2}, "
+                f"annealing={self.annealing!r}, plug_in={self.plug_in!r}")
 
 
 def _initial_tensor(name: str, value, shape) -> torch.Tensor:

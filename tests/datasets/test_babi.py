@@ -55,7 +55,15 @@ def test_parses_stories_questions_answers_and_supporting_facts(tmp_path):
         ("1 Mary moved.\n2 Where is Mary? \tbathroom\t2\n", 2, r"\[2\] name no earlier statement"),
         ("1 Mary moved.\n2 Where is Mary? \t\t1\n", 2, "empty question or answer"),
         ("1 ...\n", 1, "has no words"),
+        ("1 Mary moved.\n2 Where is Mary?   bathroom   1\n", 2, "a question needs tabs"),
+        ("1 Mary moved.\n2 Where is Mary?\n", 2, "a question needs tabs"),
+        ("1 Mary moved.\n2 Where is Mary? \tbathroom\t\u00b2\n", 2, "must be integers, got '\u00b2'"),
+        ("1 Mary moved.\n2 Where is Mary? \tbathroom\t\u0661\n", 2, "must be integers"),
+        ("\u00b2 Mary moved.\n", 1, "positive integer ID"),
+        ("1 Mary moved.\n2 John moved.\n3 Where is Mary? \tbathroom\t1", 3, "without a newline"),
     ],
+    ids=["bad-id", "order", "two-fields", "support-text", "support-missing", "support-self", "empty-answer",
+         "no-words", "tabs-as-spaces", "no-tab", "superscript", "arabic-digit", "superscript-id", "cut-short"],
 )
 def test_malformed_files_name_file_and_line(tmp_path, text, line, message):
     path = write(tmp_path, text)
@@ -63,6 +71,22 @@ def test_malformed_files_name_file_and_line(tmp_path, text, line, message):
         babi.read_babi(path)
     assert f"{path}:{line}:" in str(error.value)
     assert isinstance(error.value, ValueError)
+
+
+def test_non_utf8_bytes_name_file_line_and_byte(tmp_path):
+    path = tmp_path / "qa1_latin_train.txt"
+    path.write_bytes("1 Mary moved.\n2 Where is Mary? \tbathroom\t1\n3 Jos\u00e9 went.\n".encode("latin-1"))
+    with pytest.raises(babi.BabiFormatError, match=f"{re.escape(str(path))}:3: expected UTF-8 text, got the byte 0xe9"):
+        babi.read_babi(path)
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path):
+    path = tmp_path / "qa1_bom_train.txt"
+    path.write_bytes(("\ufeff" + STORY).replace("\n", "\r\n").encode("utf-8"))
+    assert babi.read_babi(path) == [
+        babi.BabiQuestion(q.statements, q.question, q.answer, q.supporting, q.source.replace(str(write(tmp_path, STORY)), str(path)))
+        for q in babi.read_babi(write(tmp_path, STORY))
+    ]
 
 
 def test_file_without_questions_is_an_error(tmp_path):

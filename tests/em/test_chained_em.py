@@ -10,16 +10,16 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import pyro_multihop.em.chained as em_module
+import pyro_multihop.em.closed_form as em_module
 from pyro_multihop import ChainedAttention, Observations, transitive_task
 from pyro_multihop.em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 
-pytestmark = pytest.mark.filterwarnings("error::pyro_multihop.em.chained.ConvergenceWarning")
+pytestmark = pytest.mark.filterwarnings("error::pyro_multihop.em.ConvergenceWarning")
 
 S, T, N = 5, 4, 4
 HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
 MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
-METHOD = pytest.mark.parametrize("method", ["factored", "dense"])
+ROUTE = pytest.mark.parametrize("route", ["symbols", "positions"])
 
 
 def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64, scale=1.0):
@@ -77,15 +77,15 @@ def em_for(head, **kwargs):
 # -- the E-step against brute force ---------------------------------------------------------------------
 @HOPS
 @MASKED
-@METHOD
+@ROUTE
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
-def test_statistics_are_posterior_expectations_over_hop_paths(hops, masked, method, weighted):
+def test_statistics_are_posterior_expectations_over_hop_paths(hops, masked, route, weighted):
     head, obs = random_head(hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
     weights = None
     if weighted:
         weights = 2 * torch.rand(len(obs), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     numerators, masses, counts, loglik = brute_force_stats(head, obs, weights)
-    stats = em_for(head, method=method).e_step(head, obs, weights)
+    stats = em_for(head, route=route).e_step(head, obs, weights)
     assert stats.key_numerators.dtype == torch.float64
     assert torch.allclose(stats.key_numerators, numerators, atol=1e-12)
     assert torch.allclose(stats.key_masses, masses, atol=1e-12)
@@ -107,7 +107,7 @@ def test_underflowing_gates_fall_back_to_log_space(hops, caplog):
     head = random_head(hops, seed=30, sigma2=1e-3, scale=2.0)
     obs = random_obs(n=8, seed=31, masked=True)
     caplog.set_level(logging.DEBUG, logger=em_module.__name__)
-    stats = em_for(head, method="factored").e_step(head, obs)
+    stats = em_for(head, route="symbols").e_step(head, obs)
     if hops > 1:
         assert "fall back to log space" in caplog.text
     numerators, masses, counts, loglik = brute_force_stats(head, obs)
@@ -117,14 +117,14 @@ def test_underflowing_gates_fall_back_to_log_space(hops, caplog):
     assert stats.loglik == pytest.approx(loglik, rel=1e-10)
 
 
-@METHOD
-def test_float32_model_gives_float32_statistics(method):
+@ROUTE
+def test_float32_model_gives_float32_statistics(route):
     obs = random_obs(n=40, seed=41, masked=True)
     head64 = random_head(3, seed=40)
     head32 = ChainedAttention(
         3, S, T, sigma2=0.6, key_tables=head64.key_tables.detach().float(), emission=head64.emission.detach().float()
     )
-    em = em_for(head64, method=method)
+    em = em_for(head64, route=route)
     stats32, stats64 = em.e_step(head32, obs), em.e_step(head64, obs)
     assert stats32.key_numerators.dtype == stats32.emission_counts.dtype == torch.float32
     as32 = SufficientStats(
@@ -151,15 +151,16 @@ class _LargestTensor(TorchFunctionMode):
         return out
 
 
-@pytest.mark.parametrize("method, bounded", [("factored", True), ("dense", False)])
-def test_factored_e_step_allocates_nothing_of_pair_size(method, bounded):
-    """No (n, N, N) tensor in the factored route, let alone the seed's (n, N, N, S); the dense one has them."""
+@pytest.mark.parametrize("route, bounded", [("symbols", True), ("positions", False)])
+def test_symbol_route_e_step_allocates_nothing_of_pair_size(route, bounded):
+    """No (n, N, N) tensor on the symbol route, let alone the seed's (n, N, N, S); the position route has them."""
     n, context = 64, 8
     head, obs = random_head(3, seed=50), random_obs(n=n, seed=51, context=context)
-    em = em_for(head, method=method)
+    em = em_for(head, route=route)
     with _LargestTensor() as spy:
         em.e_step(head, obs)
-    assert (spy.largest <= n * max(context, S)) == bounded, spy.largest
+    hops = 3  # the hop marginals (L, n, N) are the largest tensor of the symbol route, below n N^2
+    assert (spy.largest <= hops * n * max(context, S)) == bounded, spy.largest
     assert spy.largest < n * context * context * S
 
 
@@ -238,15 +239,15 @@ def test_m_step_leaves_unvisited_keys_at_zero_and_unvisited_values_uniform_witho
 
 
 # -- additivity, weights, padding ---------------------------------------------------------------------
-@METHOD
-def test_statistics_of_parts_add_to_those_of_the_whole(method):
+@ROUTE
+def test_statistics_of_parts_add_to_those_of_the_whole(route):
     head, obs = random_head(3, seed=80), random_obs(n=20, seed=81, masked=True)
-    em = em_for(head, method=method)
+    em = em_for(head, route=route)
     whole = em.e_step(head, obs)
     halves = em.e_step(head, obs[:7]) + em.e_step(head, obs[7:])
     assert_stats_close(halves, whole)
     assert_stats_close(sum(em.e_step(head, obs[i : i + 5]) for i in range(0, 20, 5)), whole)
-    assert_stats_close(em_for(head, method=method, chunk_size=3).e_step(head, obs), whole)
+    assert_stats_close(em_for(head, route=route, chunk_size=3).e_step(head, obs), whole)
     assert_stats_close(em.e_step(head, obs[:0]) + whole, whole)
 
 
@@ -256,11 +257,11 @@ def test_adding_statistics_of_different_shapes_fails():
         small + SufficientStats.zeros(3, S, T, torch.float64)
 
 
-@METHOD
-def test_zero_weight_rows_have_no_effect(method):
+@ROUTE
+def test_zero_weight_rows_have_no_effect(route):
     head, obs = random_head(2, seed=90), random_obs(n=12, seed=91, masked=True)
     weights = torch.tensor([1.0, 0.0, 2.5, 0.0] * 3, dtype=torch.float64)
-    em = em_for(head, method=method)
+    em = em_for(head, route=route)
     kept = weights > 0
     assert_stats_close(em.e_step(head, obs, weights), em.e_step(head, obs[kept], weights[kept]))
 
@@ -319,8 +320,8 @@ def test_bad_weights_are_rejected(weights, message):
         assert error.match(message)
 
 
-@METHOD
-def test_padding_gets_no_mass_and_equals_a_shorter_context(method):
+@ROUTE
+def test_padding_gets_no_mass_and_equals_a_shorter_context(route):
     generator = torch.Generator().manual_seed(110)
     real = Observations(
         1 + torch.randint(S - 1, (8, 3), generator=generator),
@@ -334,7 +335,7 @@ def test_padding_gets_no_mass_and_equals_a_shorter_context(method):
         torch.cat([real.keys, pad], 1), torch.cat([real.values, pad], 1), real.query, real.target, mask
     )
     head = random_head(3, seed=111)
-    em = em_for(head, method=method)
+    em = em_for(head, route=route)
     stats = em.e_step(head, padded)
     assert_stats_close(stats, em.e_step(head, real))
     initial = em.random_stats(padded, seed=0, dtype=torch.float64)
@@ -418,6 +419,7 @@ def test_transitive_task_em_reaches_the_generating_structure_and_one_hop_cannot(
         ({"sigma2": -1.0}, "sigma2"),
         ({"emission_smoothing": -1e-3}, "emission_smoothing"),
         ({"chunk_size": 0}, "chunk_size"),
+        ({"route": "sparse"}, "route"),
         ({"method": "sparse"}, "method"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
@@ -426,6 +428,13 @@ def test_bad_settings_are_rejected(kwargs, field):
     settings = {"n_hops": 2, "num_symbols": S, "num_targets": T, **kwargs}
     with pytest.raises(ValueError, match=field):
         ChainedEM(**settings)
+
+
+@pytest.mark.parametrize("method, route", [("factored", "symbols"), ("dense", "positions"), ("auto", "auto")])
+def test_the_former_route_names_are_deprecated_aliases(method, route):
+    with pytest.warns(DeprecationWarning, match="route"):
+        em = ChainedEM(2, S, T, method=method)
+    assert em.route == route
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pyro import poutine
 from pyro.infer import TraceEnum_ELBO, infer_discrete
 
 from pyro_multihop import ChainedAttention, Observations, chain_task
-from pyro_multihop.hop_chain import chain_log_likelihood
+from pyro_multihop.engine.log_space import chain_log_likelihood
 from pyro_multihop.models.base import attended_values
 
 S, T, N = 5, 4, 4

@@ -12,7 +12,7 @@ from pyro import poutine
 from pyro.infer import infer_discrete
 
 from pyro_multihop import ChainedAttention, Observations
-from pyro_multihop.hop_chain import chain_entropy, chain_k_best, chain_sample_paths, chain_sample_posterior
+from pyro_multihop.engine.log_space import chain_entropy, chain_k_best, chain_sample_paths, chain_sample_posterior
 
 S, T, N = 5, 4, 4
 HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")

@@ -8,8 +8,8 @@ observation (``O(L N^2 k log k)`` for the k best paths), everything a user or th
 are the fused counterpart of the enumerated Pyro models (``TraceEnum_ELBO`` computes the same sums by
 variable elimination).
 
-There is one forward recursion, :func:`_recurse`, and the query is the semiring step passed to it (as in
-torch-struct): the log semiring (``logsumexp``) gives the likelihood and, run over the transposed factors
+There is one recursion, :func:`~pyro_multihop.engine.recursion.recurse`, and the query is the semiring step
+passed to it (as in torch-struct): the log semiring (``logsumexp``) gives the likelihood and, run over the transposed factors
 from the emission down, the backward messages; the k-max semiring gives the Viterbi path (``k = 1``) and the
 k best paths. Posterior sampling and the entropy share the reverse chain: given the target, ``z_l`` depends
 on ``z_{l+1}`` alone, through ``p(z_l = i | z_{l+1} = j) ∝ alpha_l(i) p(z_{l+1} = j | z_l = i)``.
@@ -20,16 +20,18 @@ emission may also hold ``-inf``. Shapes: ``n`` observations, ``N`` positions, ``
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .checks import check_positive_int
-from .gates import log_normalize
+from ..checks import check_positive_int
+from ..gate_ops import log_normalize
+from .recursion import recurse
 
 __all__ = [
     "HopChain",
-    "HopPosterior",
+    "ChainPosterior",
+    "draw_by_inverse_cdf",
     "MASKED_LOGIT",
     "masked_log_softmax",
     "chain_log_likelihood",
@@ -76,8 +78,8 @@ class HopChain(NamedTuple):
         return 1 + self.trans.shape[0]
 
 
-class HopPosterior(NamedTuple):
-    """Exact posterior over hop paths for a batch of observations.
+class ChainPosterior(NamedTuple):
+    """Exact posterior over the hop paths of one dense chunk (what :func:`chain_posterior` returns).
 
     :ivar log_likelihood: ``(n,)``, ``log p(target | context, query)``.
     :ivar hop_marginals: ``(L, n, N)``, ``p(z_l = i | observation)``.
@@ -91,19 +93,13 @@ class HopPosterior(NamedTuple):
     map_paths: torch.Tensor
 
 
-# -- the one forward recursion; the query is the semiring step ----------------------------------------------
-Step = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]
+# -- the log and k-max steps of the one recursion (:func:`~.recursion.recurse`) ------------------------------
+LogStep = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
-def _recurse(first: torch.Tensor, transitions: Iterable[torch.Tensor], step: Step):
-    """``message_{l+1} = step(message_l, trans_l)``: returns the messages ``[first, ...]`` and what each step
-    kept for decoding (backpointers, or None)."""
-    messages, pointers = [first], []
-    for trans in transitions:
-        message, pointer = step(messages[-1], trans)
-        messages.append(message)
-        pointers.append(pointer)
-    return messages, pointers
+def _over(factors: torch.Tensor, step: LogStep):
+    """The recursion step of hop ``hop`` over the log factors ``factors[hop]``."""
+    return lambda message, hop: step(message, factors[hop])
 
 
 def _log_step(message: torch.Tensor, trans: torch.Tensor):
@@ -119,7 +115,7 @@ def _top(scores: torch.Tensor, k: int, dim: int):
     return scores.topk(min(k, scores.shape[dim]), dim=dim)
 
 
-def _kmax_step(k: int) -> Step:
+def _kmax_step(k: int) -> LogStep:
     """k-max semiring: the message ``(n, r, N)`` holds, per position, the scores of the ``r <= k`` best paths
     ending there, best first. The pointer ``(n, r', N)`` is the flat index ``rank * N + i`` of each kept
     path's predecessor in the previous message."""
@@ -131,22 +127,22 @@ def _kmax_step(k: int) -> Step:
     return step
 
 
-def _forward(chain: HopChain) -> list:
+def _log_forward_messages(chain: HopChain) -> list:
     """Log forward messages ``alpha_l[n, i] = log p(z_l = i)`` (prior, no emission), l = 1..L."""
-    return _recurse(chain.init, chain.trans, _log_step)[0]
+    return recurse(chain.init, range(chain.n_hops - 1), _over(chain.trans, _log_step))[0]
 
 
-def _backward(chain: HopChain, log_emission: torch.Tensor) -> list:
+def _log_backward_messages(chain: HopChain, log_emission: torch.Tensor) -> list:
     """Log backward messages ``beta_l[n, i] = log p(target | z_l = i)``, l = 1..L: the same recursion over the
     transposed factors, from the emission down."""
-    betas, _ = _recurse(log_emission, [trans.transpose(-1, -2) for trans in reversed(chain.trans)], _log_step)
+    betas, _ = recurse(log_emission, reversed(range(chain.n_hops - 1)), _over(chain.trans.transpose(-1, -2), _log_step))
     return betas[::-1]
 
 
 def _k_best(chain: HopChain, log_emission: torch.Tensor, k: int):
     """The ``min(k, N^L)`` best joint scores ``(n, k')`` and their paths ``(n, k', L)``, best first."""
     N = chain.init.shape[-1]
-    messages, pointers = _recurse(chain.init.unsqueeze(-2), chain.trans, _kmax_step(k))
+    messages, pointers = recurse(chain.init.unsqueeze(-2), range(chain.n_hops - 1), _over(chain.trans, _kmax_step(k)))
     final = (messages[-1] + log_emission.unsqueeze(-2)).flatten(-2)  # (n, r * N)
     scores, flat = _top(final, k, dim=-1)
     # Follow the backpointers as flat indices ``rank * N + position`` into each hop's message.
@@ -172,18 +168,18 @@ def chain_log_likelihood(chain: HopChain, log_emission: torch.Tensor) -> torch.T
         lands on position ``i``.
     :returns: ``(n,)``, differentiable.
     """
-    return torch.logsumexp(_forward(chain)[-1] + log_emission, dim=-1)
+    return torch.logsumexp(_log_forward_messages(chain)[-1] + log_emission, dim=-1)
 
 
 def last_hop_prior(chain: HopChain) -> torch.Tensor:
     """``(n, N)``, ``p(z_L = i)`` before seeing the target; the predictive mixes emission rows with it."""
-    return _forward(chain)[-1].exp()
+    return _log_forward_messages(chain)[-1].exp()
 
 
-def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior:
+def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> ChainPosterior:
     """Forward-backward: log-likelihood, per-hop and pairwise posterior marginals, and the MAP path."""
-    alphas = _forward(chain)
-    betas = _backward(chain, log_emission)
+    alphas = _log_forward_messages(chain)
+    betas = _log_backward_messages(chain, log_emission)
     log_likelihood = torch.logsumexp(alphas[-1] + log_emission, dim=-1)
     normaliser = log_likelihood.unsqueeze(-1)
     hop_marginals = torch.stack([(a + b - normaliser).exp() for a, b in zip(alphas, betas)])
@@ -193,7 +189,7 @@ def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> HopPosterior
     ]
     n, N = chain.init.shape
     pairwise_marginals = torch.stack(pairwise) if pairwise else chain.init.new_zeros(0, n, N, N)
-    return HopPosterior(log_likelihood, hop_marginals, pairwise_marginals, chain_map_paths(chain, log_emission))
+    return ChainPosterior(log_likelihood, hop_marginals, pairwise_marginals, chain_map_paths(chain, log_emission))
 
 
 def chain_map_paths(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
@@ -256,7 +252,7 @@ def chain_sample_posterior(
     check_positive_int("num_samples", num_samples)
     _check_log_emission(chain, log_emission)
     with torch.no_grad():
-        alphas = _forward(chain)
+        alphas = _log_forward_messages(chain)
         n, N = chain.init.shape
         # z_L: num_samples draws per observation from one (n, N) distribution.
         position = _inverse_cdf(alphas[-1] + log_emission, num_samples, generator)  # (n, s)
@@ -270,20 +266,24 @@ def chain_sample_posterior(
 
 
 def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``,
+    """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``."""
+    return draw_by_inverse_cdf((logits - logits.amax(-1, keepdim=True)).exp(), num_draws, generator)
+
+
+def draw_by_inverse_cdf(weights: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``num_draws`` independent draws ``(..., num_draws)`` from each row of non-negative ``weights (..., N)``,
     by inverse CDF (several times faster than ``torch.multinomial`` on many short rows).
 
     ``u`` is uniform below the row total, and the first position whose cumulative weight exceeds ``u``
-    has a positive weight, so a position of probability zero is never drawn.
+    has a positive weight, so a position of probability zero is never drawn (a row of zeros gives ``N - 1``).
     """
-    weights = (logits - logits.amax(-1, keepdim=True)).exp()
     cdf = weights.cumsum(-1)
     total = cdf[..., -1:]
     uniform = torch.rand(cdf.shape[:-1] + (num_draws,), generator=generator, dtype=cdf.dtype, device=cdf.device)
     # rand < 1 keeps rand * total below the total under round-to-nearest; the bound guards it anyway.
     below_total = torch.nextafter(total, torch.zeros_like(total))
     u = torch.minimum(uniform * total, below_total)
-    return torch.searchsorted(cdf, u, right=True)
+    return torch.searchsorted(cdf, u, right=True).clamp_max_(weights.shape[-1] - 1)
 
 
 def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
@@ -301,7 +301,7 @@ def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
     """
     _check_log_emission(chain, log_emission)
     with torch.no_grad():
-        alphas = _forward(chain)
+        alphas = _log_forward_messages(chain)
         log_posterior = log_normalize(alphas[-1] + log_emission)  # log p(z_L | target), (n, N)
         posterior = log_posterior.exp()
         # The emission may hold -inf: take 0 log 0 = 0 explicitly.

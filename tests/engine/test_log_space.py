@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from pyro_multihop.hop_chain import (
+from pyro_multihop.engine.log_space import (
     HopChain,
     chain_log_likelihood,
     chain_posterior,

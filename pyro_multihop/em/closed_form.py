@@ -20,21 +20,26 @@ One EM iteration on observations ``(keys, values, query, target)`` with weights 
   normalised. The key update ignores the gate's softmax partition function, so it is not an exact
   maximisation: the log-likelihood may fall in some iterations. :meth:`ChainedEM.fit` keeps the best model.
 
-The E-step never builds an ``(n, N, N, S)`` tensor, and by default not even an ``(n, N, N)`` one: the gate of
-hop ``l`` depends on a position pair only through the symbols ``(value_i, key_j)``, so the transition matrix
-of one observation factors through symbol space::
+The E-step never builds an ``(n, N, N, S)`` tensor. Its statistics come from the engine's forward-backward
+(:func:`pyro_multihop.engine.forward_backward_chunks`) through the transition protocol
+(:meth:`~pyro_multihop.engine.ChunkPosterior.key_statistics`), on either of the engine's two routes:
 
-    P_l = diag(1 / R_l) V E_l K^T,   E_l[v, k] = exp(G_l[v, k] - max_k' G_l[v, k']),
-    G_l[v, k] = (2 K_l[k, v] - ||K_l[k]||^2) / (2 sigma2),   R_l[i] = sum_j (V E_l K^T)[i, j],
+- ``"symbols"``: the gate of hop ``l`` depends on a position pair only through the symbols ``(value_i, key_j)``,
+  so the transition matrix of one observation factors through symbol space::
 
-with ``V``, ``K`` the ``(N, S)`` one-hot matrices of the values and (unpadded) keys. Forward and backward
-messages then cost two ``(n, S) x (S, S)`` products per hop, and the key statistics of a hop one
-``(S, n) x (n, S)`` product (``method="factored"``). The factoring shares one shift per query symbol across
-all contexts, so an observation whose gate would underflow in that form (tiny ``sigma2`` with far-apart key
-tables) is recomputed in log space by :func:`pyro_multihop.hop_chain.chain_posterior` on the model's own
-:class:`~pyro_multihop.hop_chain.HopChain` (``method="dense"``, ``O(N^2)`` per hop and observation, which
-is also the cheaper route when ``S`` is much larger than ``N``). Work is chunked over observations so memory
-stays bounded.
+      P_l = diag(1 / R_l) V E_l K^T,   E_l[v, k] = exp(G_l[v, k] - max_k' G_l[v, k']),
+      G_l[v, k] = (2 K_l[k, v] - ||K_l[k]||^2) / (2 sigma2),   R_l[i] = sum_j (V E_l K^T)[i, j],
+
+  with ``V``, ``K`` the ``(N, S)`` one-hot matrices of the values and (unpadded) keys. Messages cost two
+  ``(n, S) x (S, S)`` products per hop, and the key statistics of a hop one ``(S, n) x (n, S)`` product, with
+  no ``(n, N, N)`` tensor;
+- ``"positions"``: dense ``(c, N, N)`` transition matrices, ``O(N^2)`` per hop and observation (the cheaper
+  route when ``S`` is much larger than ``N``).
+
+Both run in probability space with rescaled messages; an observation that would underflow there (tiny
+``sigma2`` with far-apart key tables) is recomputed in log space by the engine. Both give the same
+statistics. Work is chunked over observations under the engine's memory budget
+(:func:`pyro_multihop.engine.get_memory_budget`).
 """
 
 from __future__ import annotations
@@ -59,9 +64,9 @@ logger = logging.getLogger(__name__)
 
 # Rows of key tables whose responsibility mass is below this are divided by it instead (they stay ~0).
 MASS_FLOOR = 1e-9
-# Elements of the largest per-chunk intermediate (about 32 MiB in float64); sets the automatic chunk size.
-_CHUNK_ELEMENTS = 2**22
-_METHODS = ("auto", "factored", "dense")
+_ROUTES = ("auto",) + engine.ROUTES
+# The E-step's routes under their former names (``method=``), accepted with a DeprecationWarning.
+_FORMER_ROUTE_NAMES = {"factored": "symbols", "dense": "positions", "auto": "auto"}
 
 
 class ConvergenceWarning(UserWarning):
@@ -165,11 +170,13 @@ class ChainedEM:
     :param float sigma2: gate variance of the models it builds (fixed; EM does not fit it).
     :param float emission_smoothing: pseudo-count added to every emission count (>= 0). With 0, a value
         symbol that is never attended at the last hop gets a uniform emission row.
-    :param chunk_size: observations per E-step chunk; None picks one that keeps every intermediate under
-        about ``2**22`` elements.
-    :param str method: E-step route, ``"factored"`` (symbol-space messages, ``O(S^2)`` per hop and
-        observation), ``"dense"`` (log-space forward-backward on ``(N, N)`` transitions, ``O(N^2)``), or
-        ``"auto"``: factored unless ``S > 4 N``. Both give the same statistics.
+    :param chunk_size: observations per E-step chunk; None picks as many as the engine's memory budget allows
+        (:func:`pyro_multihop.engine.get_memory_budget`).
+    :param str route: the engine route of the E-step, ``"symbols"`` (symbol-space messages, ``O(S^2)`` per
+        hop and observation), ``"positions"`` (dense ``(N, N)`` transitions, ``O(N^2)``), or ``"auto"``: the
+        engine's choice (:func:`pyro_multihop.engine.choose_route`). Both give the same statistics.
+    :param str method: deprecated name of ``route`` (``"factored"`` for ``"symbols"``, ``"dense"`` for
+        ``"positions"``).
 
     Example::
 
@@ -193,7 +200,8 @@ class ChainedEM:
         emission_smoothing: float = 1e-4,
         *,
         chunk_size: Optional[int] = None,
-        method: str = "auto",
+        route: str = "auto",
+        method: Optional[str] = None,
     ):
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.num_symbols = check_positive_int("num_symbols", num_symbols)
@@ -206,9 +214,15 @@ class ChainedEM:
         if chunk_size is not None:
             check_positive_int("chunk_size", chunk_size)
         self.chunk_size = chunk_size
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-        self.method = method
+        if method is not None:
+            if method not in _FORMER_ROUTE_NAMES:
+                raise ValueError(f"method must be one of {tuple(_FORMER_ROUTE_NAMES)}, got {method!r}")
+            warnings.warn(f"ChainedEM(method={method!r}) is deprecated; use route={_FORMER_ROUTE_NAMES[method]!r}",
+                          DeprecationWarning, stacklevel=2)
+            route = _FORMER_ROUTE_NAMES[method]
+        if route not in _ROUTES:
+            raise ValueError(f"route must be one of {_ROUTES}, got {route!r}")
+        self.route = route
 
     def __repr__(self) -> str:
         return (
@@ -236,18 +250,13 @@ class ChainedEM:
         if len(obs) == 0:
             return stats
         accumulator = _Accumulator(stats)
-        gates = model.hop_gates()
-        route = {"factored": "symbols", "dense": "positions", "auto": None}[self.method]
+        route = None if self.route == "auto" else self.route
         in_log_space = 0
-        for part in engine.forward_backward_chunks(gates, obs, rows=self.chunk_size, route=route):
-            chunk, w = part.obs, weights[part.rows]
+        for part in engine.forward_backward_chunks(model.hop_gates(), obs, rows=self.chunk_size, route=route):
+            w = weights[part.rows]
             accumulator.add_likelihood(part.log_likelihood, w)
-            if part.route == "symbols":
-                _add_symbol_route(accumulator, part, w)
-                continue
-            in_log_space += len(chunk) if part.route == "log" else 0
-            pairwise = part.pairwise if part.pairwise is not None else [part.pairwise_at(hop) for hop in range(self.n_hops - 1)]
-            accumulator.add_marginals(chunk, w, part.hop_marginals, pairwise)
+            accumulator.add_posterior(part, w)
+            in_log_space += len(part.obs) if part.route == "log" else 0
         if in_log_space:
             logger.debug("E-step: %d observations fall back to log space", in_log_space)
         return accumulator.result()
@@ -307,7 +316,10 @@ class ChainedEM:
         stats = SufficientStats.zeros(self.n_hops, self.num_symbols, self.num_targets, dtype, device)
         accumulator = _Accumulator(stats)
         N = obs.context_len
-        rows = self._rows_per_chunk(N, "dense")
+        # gamma (L, N) and xi (L - 1, N, N) a row, with their draws and the pair index: about 3 times xi.
+        itemsize = torch.finfo(dtype).bits // 8
+        row_bytes = itemsize * 3 * (self.n_hops * N + max(self.n_hops - 1, 1) * N * N)
+        rows = self.chunk_size if self.chunk_size is not None else engine.rows_within_budget(row_bytes)
         for start in range(0, len(obs), rows):
             chunk = obs[start : start + rows]
             c = len(chunk)
@@ -447,15 +459,6 @@ class ChainedEM:
             obs, weights = obs[keep.to(obs.device)], weights[keep]
         return obs, weights
 
-    def _rows_per_chunk(self, N: int, method: str) -> int:
-        if self.chunk_size is not None:
-            return self.chunk_size
-        if method == "dense":
-            per_row = N * N * max(self.n_hops - 1, 1)
-        else:
-            per_row = (self.n_hops + 1) * (N + self.num_symbols)
-        return max(1, _CHUNK_ELEMENTS // per_row)
-
 
 def _check_weights(weights, n: int) -> torch.Tensor:
     weights = weights if isinstance(weights, torch.Tensor) else torch.as_tensor(weights)
@@ -513,35 +516,29 @@ class _Accumulator:
         pairs = chunk.values * self.T + chunk.target.unsqueeze(-1)
         self.emission_counts.view(-1).index_add_(0, pairs.flatten(), weighted_gamma.flatten())
 
+    def add_keys(self, hop: int, chunk: Observations, key_statistics: torch.Tensor, weighted_gamma: torch.Tensor) -> None:
+        """Hop ``hop >= 1`` (0-based): ``key_statistics`` ``(S, S)`` [key, incoming value] and the weighted
+        landings ``(c, N)`` on each position's key."""
+        self.key_numerators[hop] += key_statistics
+        self.key_masses[hop].index_add_(0, chunk.keys.flatten(), weighted_gamma.flatten())
+
     def add_marginals(self, chunk: Observations, weights, gamma: torch.Tensor, xi: torch.Tensor) -> None:
         """Accumulate from explicit hop marginals ``(L, c, N)`` and pairwise marginals ``(L-1, c, N, N)``."""
         w = weights.unsqueeze(-1)
         self.add_first_hop(chunk, w * gamma[0])
-        if len(xi):
-            # Pair (i, j) adds xi[i, j] to key_numerators[hop][key_j, value_i]: one index_add of (c, N, N) entries.
-            pairs = (chunk.keys.unsqueeze(-2) * self.S + chunk.values.unsqueeze(-1)).flatten()
-            for hop in range(1, gamma.shape[0]):
-                weighted = xi[hop - 1] * w.unsqueeze(-1)
-                self.key_numerators[hop].view(-1).index_add_(0, pairs, weighted.flatten())
-                self.key_masses[hop].index_add_(0, chunk.keys.flatten(), weighted.sum(1).flatten())
+        for hop in range(1, gamma.shape[0]):
+            weighted = xi[hop - 1] * w.unsqueeze(-1)
+            statistics = engine.key_statistics_from_pairwise(weighted, chunk.keys, chunk.values, self.S)
+            self.add_keys(hop, chunk, statistics, weighted.sum(1))
         self.add_emission(chunk, w * gamma[-1])
 
+    def add_posterior(self, part: engine.ChunkPosterior, weights: torch.Tensor) -> None:
+        """Accumulate the statistics of one chunk of the engine's forward-backward (either route, or its
+        log-space rows), through its transitions: no ``(c, N, N)`` tensor on the symbol route."""
+        chunk, w = part.obs, weights.unsqueeze(-1)
+        gamma = part.hop_marginals
+        self.add_first_hop(chunk, w * gamma[0])
+        for hop in range(1, gamma.shape[0]):
+            self.add_keys(hop, chunk, part.key_statistics(hop - 1, weights, self.S), w * gamma[hop])
+        self.add_emission(chunk, w * gamma[-1])
 
-def _add_symbol_route(acc: _Accumulator, part, weights: torch.Tensor) -> None:
-    """Statistics of rows computed on the engine's symbol route, without any ``(N, N)`` tensor.
-
-    With ``leaving[l][s] = sum_{i: value_i = s} alpha[l-1][i] / R_l[s]`` and ``arriving[l][k] = sum_{j: key_j = k}
-    beta[l][j]``, the pairwise posterior ``alpha[l-1][i] P_l[i, j] beta[l][j] / Z_l`` summed over the positions
-    of value ``s`` and key ``k`` is ``leaving[l][s] E_l[s, k] arriving[l][k] / Z_l``: one ``(S, c) x (c, S)``
-    product per hop.
-    """
-    chunk, transitions = part.obs, part.transitions
-    scales = [(weights / total).unsqueeze(-1) for total in part.totals]  # w_n / Z_l
-    joints = [alpha * beta for alpha, beta in zip(part.alphas, part.betas)]
-    acc.add_first_hop(chunk, joints[0] * scales[0])
-    for hop in range(1, len(joints)):
-        leaving = transitions.leaving(hop - 1, part.alphas[hop - 1])
-        arriving = transitions.arriving(part.betas[hop]) * scales[hop]
-        acc.key_numerators[hop] += (arriving.transpose(0, 1) @ leaving) * transitions.gates[hop - 1].transpose(0, 1)
-        acc.key_masses[hop].index_add_(0, chunk.keys.flatten(), (joints[hop] * scales[hop]).flatten())
-    acc.add_emission(chunk, joints[-1] * scales[-1])

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pyro_multihop.gates import SHORT_ROW, log_normalize, table_gather
-from pyro_multihop.hop_chain import MASKED_LOGIT
+from pyro_multihop.gate_ops import SHORT_ROW, log_normalize, table_gather
+from pyro_multihop.engine.log_space import MASKED_LOGIT
 
 
 @pytest.mark.parametrize("length", [1, 3, SHORT_ROW - 1, SHORT_ROW, 40], ids=lambda n: f"N={n}")

@@ -1,0 +1,125 @@
+"""What a head hands the engine (:class:`HopGates`), the dense log factors of a gate given by score tables,
+and the choice between the two routes."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ..gate_ops import flat_gather, flat_index, table_gather
+from .log_space import HopChain, masked_log_softmax
+
+__all__ = ["HopGates", "SYMBOL_ROUTE_RATIO", "ROUTES", "chain_from_scores", "choose_route", "first_hop_log_probs"]
+
+#: The two routes of the engine: transitions factored through symbol space, or dense over positions.
+ROUTES = ("symbols", "positions")
+
+#: A forward pass (log-likelihood, predictive, and their gradients) takes the symbol route while
+#: ``S^2 <= SYMBOL_ROUTE_RATIO * N^2``; a forward-backward pass (marginals, the EM statistics), whose
+#: position route also forms pairwise terms, while ``S^2 <= 4 * SYMBOL_ROUTE_RATIO * N^2``. Measured with
+#: ``L = 3`` (one thread): the forward crossover lies at ``S`` about ``4 N`` for ``N`` = 10, 30 and 100; the
+#: E-step's at ``S`` about ``4 N`` for ``N = 10`` and beyond ``8 N`` for ``N`` = 30 and 100 (see docs/engine.md).
+SYMBOL_ROUTE_RATIO = 16.0
+
+
+class HopGates:
+    """A head's gate and emission, as the engine needs them.
+
+    :ivar log_emission: ``(S, T)`` normalised log emission table.
+    :ivar dense_chain: ``observations -> HopChain``, the dense log factors of a chunk (``init (c, N)``,
+        ``trans (L - 1, c, N, N)``).
+    :ivar n_hops: ``L``.
+    :ivar scores: ``(L, S, S)`` or None; ``scores[l, q, k]`` is the unnormalised logit of hop ``l + 1``
+        when its query symbol ``q`` meets key symbol ``k``. None when the gate depends on more than the
+        two symbols (then only the dense log factors are available).
+    :ivar position_emission: None (the target is emitted from the last attended value through
+        ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
+        that the last hop attends position ``i``: an emission that reads more of a position than its value
+        (the structured-facts head's copy emission). With it, ``scores`` must be None.
+
+    The observations the engine is given need only ``len()``, ``context_len``, ``obs[slice or LongTensor]``,
+    ``to(device)``, ``device``, ``mask``, ``full_mask()`` and ``target``; ``keys``, ``values`` and ``query``
+    are read only on the paths that use ``scores`` or ``log_emission`` (the symbol tables).
+    """
+
+    def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[object], HopChain], n_hops: int,
+                 scores: Optional[torch.Tensor] = None,
+                 position_emission: Optional[Callable[[object], torch.Tensor]] = None):
+        if position_emission is not None and scores is not None:
+            raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
+        self.log_emission = log_emission
+        self.dense_chain = dense_chain
+        self.n_hops = n_hops
+        self.scores = scores
+        self.position_emission = position_emission
+        self._transition_weights = None
+
+    def replace(self, **changes) -> "HopGates":
+        """A copy with some fields changed."""
+        fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
+                  "scores": self.scores, "position_emission": self.position_emission}
+        fields.update(changes)
+        return HopGates(**fields)
+
+    @property
+    def num_symbols(self) -> int:
+        """``S``, the rows of the emission table."""
+        return self.log_emission.shape[0]
+
+    def target_log_probs(self, chunk) -> torch.Tensor:
+        """``(c, N)``: ``log p(target_c | z_L = i)`` at every position of a chunk."""
+        if self.position_emission is None:
+            return self.log_emission[chunk.values, chunk.target.unsqueeze(-1)]
+        index = chunk.target.view(-1, 1, 1).expand(-1, chunk.context_len, 1)
+        return self.position_emission(chunk).gather(-1, index).squeeze(-1)
+
+    @property
+    def transition_weights(self) -> torch.Tensor:
+        """``(L - 1, S, S)``: ``exp(scores[l] - max_k scores[l, :, k])`` for the hops after the first (row
+        maximum 1), computed once per :class:`HopGates` and shared by every chunk."""
+        if self._transition_weights is None:
+            later = self.scores[1:]
+            # The row shift cancels in every normalised transition, so its gradient is exactly 0: detached.
+            self._transition_weights = (later - later.amax(-1, keepdim=True).detach()).exp()
+        return self._transition_weights
+
+
+def first_hop_log_probs(scores: torch.Tensor, obs) -> torch.Tensor:
+    """``(c, N)`` ``log p(z_1 = i)`` from the score table of hop 1 (padding excluded)."""
+    return masked_log_softmax(table_gather(scores[0], obs.query.unsqueeze(-1), obs.keys), obs.mask)
+
+
+def chain_from_scores(scores: torch.Tensor, obs) -> HopChain:
+    """The dense log factors of ``obs`` for a gate given by the score tables ``scores`` ``(L, S, S)``.
+
+    In formulas (padding positions excluded from every softmax)::
+
+        init[c, j]        = log softmax_j scores[0][query_c, key_cj]
+        trans[l, c, i, j] = log softmax_j scores[l + 1][value_ci, key_cj]
+    """
+    init = first_hop_log_probs(scores, obs)
+    n, N = obs.keys.shape
+    if scores.shape[0] == 1:
+        return HopChain(init, init.new_zeros(0, n, N, N))
+    # Position i's value meets position j's key: one flat index for every hop's table.
+    index = flat_index(obs.values.unsqueeze(-1), obs.keys.unsqueeze(-2), scores.shape[-1])  # (c, N, N)
+    pair_mask = None if obs.mask is None else obs.mask.unsqueeze(-2)
+    later = scores[1:]
+    if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): compute it once
+        trans = masked_log_softmax(flat_gather(later[0], index), pair_mask)
+        return HopChain(init, trans.unsqueeze(0).expand(later.shape[0], n, N, N))
+    trans = torch.stack([masked_log_softmax(flat_gather(table, index), pair_mask) for table in later])
+    return HopChain(init, trans)
+
+
+def choose_route(gates: HopGates, context_len: int, backward: bool = False, max_product: bool = False) -> str:
+    """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions, for a forward pass, a
+    forward-backward pass (``backward``), or a max-product pass (``max_product``: the MAP and k best paths, whose
+    symbol route takes an ``(S, S)`` max a hop against the position route's ``(N, N)``, so it pays while
+    ``S <= N``); see :data:`SYMBOL_ROUTE_RATIO`."""
+    if gates.scores is None:
+        return "positions"
+    S = gates.scores.shape[-1]
+    ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1) / (16 if max_product else 1)
+    return "symbols" if S * S <= ratio * context_len * context_len else "positions"

@@ -1,0 +1,330 @@
+"""Queries over whole hop paths, on the probability-space routes: the MAP path and the k best paths by
+max-product and k-max product with rescaling, posterior samples by forward filtering and backward sampling
+over the forward messages, and the path entropy from the forward-backward messages; rows that underflow in
+probability space are recomputed in log space (:mod:`.log_space`), as for the marginals. :class:`HopPosterior`
+is a head's posterior, with the path queries computed when first read."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+from ..checks import check_positive_int
+from .budget import device_chunk, row_slices
+from .hop_gates import HopGates, choose_route
+from .log_space import (
+    chain_entropy,
+    chain_k_best,
+    chain_map_paths,
+    chain_sample_posterior,
+    draw_by_inverse_cdf,
+)
+from .posterior import posterior_chunk, rows_in_log_space, shifted_emission
+from .queries import posterior_marginals
+from .recursion import forward_messages, recurse, underflow_floor
+from .transitions import PositionTransitions, prepare, rows_per_chunk
+
+__all__ = ["HopPosterior", "dense_chunks", "map_paths", "sample_paths", "path_entropy", "k_best_paths"]
+
+
+def dense_chunks(gates: HopGates, obs, budget, extra: float = 0.0):
+    """``(rows, chunk, chain, log_emission)`` over dense log-space chunks."""
+    n, N = len(obs), obs.context_len
+    device = gates.log_emission.device
+    with torch.no_grad():
+        for part in row_slices(n, rows_per_chunk(gates, N, "positions", budget, extra)):
+            chunk = device_chunk(obs, part, device)
+            yield part, chunk, gates.dense_chain(chunk), gates.target_log_probs(chunk)
+
+
+def _chunks(gates: HopGates, obs, route: str, budget, extra: float = 0.0):
+    n, N = len(obs), obs.context_len
+    device = gates.log_emission.device
+    for part in row_slices(n, rows_per_chunk(gates, N, route, budget, extra)):
+        yield part, device_chunk(obs, part, device)
+
+
+def _emission(gates: HopGates, chunk, given_target: bool, dtype):
+    """``(emission (c, N), shift (c,), ok (c,))`` as :func:`~.posterior.shifted_emission`, or 1 at every real
+    position without the target."""
+    if given_target:
+        return shifted_emission(gates, chunk)
+    real = chunk.full_mask()
+    return real.to(dtype), torch.zeros(len(chunk), dtype=dtype, device=real.device), torch.ones_like(real[:, 0])
+
+
+def _log_space_emission(log_emission: torch.Tensor, given_target: bool) -> torch.Tensor:
+    return log_emission if given_target else torch.zeros_like(log_emission)
+
+
+def _rescaled(step, floor: float):
+    """A max-product step whose output is divided by its maximum over everything but the rows; it keeps
+    ``(what the step kept, scale (c,))``."""
+
+    def rescaled(message, hop):
+        out = step(message, hop)
+        out, kept = out if isinstance(out, tuple) else (out, None)
+        scale = out.flatten(1).amax(-1)
+        return out / scale.clamp_min(floor).view((-1,) + (1,) * (out.dim() - 1)), (kept, scale)
+
+    return rescaled
+
+
+# -- MAP --------------------------------------------------------------------------------------------------------
+def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool) -> torch.Tensor:
+    prepared = prepare(gates, chunk, route)
+    transitions = prepared.transitions
+    emission, _, ok = _emission(gates, chunk, given_target, prepared.init.dtype)
+    floor = underflow_floor(emission.dtype)
+    messages, kept = recurse(prepared.init, range(gates.n_hops - 1), _rescaled(transitions.max_forward, floor))
+    best, last = (messages[-1] * emission).max(-1)
+    ok = ok & transitions.ok & (best >= floor)
+    path = [last]
+    for hop in reversed(range(gates.n_hops - 1)):
+        ok &= kept[hop][1] >= floor
+        # The best predecessor of the decoded position alone (ties to the lowest index).
+        weights = transitions.reverse_weights(hop, messages[hop], path[0].unsqueeze(-1))  # (c, 1, N)
+        path.insert(0, weights.squeeze(-2).argmax(-1))
+    paths = torch.stack(path, dim=-1)
+    if not ok.all():
+        bad = (~ok).nonzero().squeeze(-1)
+        _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+        paths[bad] = chain_map_paths(chain, _log_space_emission(log_emission, given_target))
+    return paths
+
+
+def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True) -> torch.Tensor:
+    """``(n, L)`` LongTensor, the most probable hop path given the target (Viterbi by max-product; ties to the
+    lowest index); with ``given_target=False`` the most probable path of the prior chain (targets ignored)."""
+    out = torch.empty(len(obs), gates.n_hops, dtype=torch.long, device=gates.log_emission.device)
+    route = choose_route(gates, obs.context_len, max_product=True)
+    with torch.no_grad():
+        for part, chunk in _chunks(gates, obs, route, budget):
+            out[part] = _map_chunk(gates, chunk, route, given_target)
+    return out
+
+
+# -- k best ----------------------------------------------------------------------------------------------------
+def _k_max_paths(transitions, init: torch.Tensor, emission: torch.Tensor, n_hops: int, k: int, floor: float):
+    """The k-max product with rescaling over ``transitions``: ``(values (c, r), paths (c, r, L) in their
+    positions, log of the scales divided out (c,), ok (c,))``, best first, ``r = min(k, N^L)``."""
+    step = functools.partial(_kmax, transitions, k=k)
+    messages, kept = recurse(init.unsqueeze(-2), range(n_hops - 1), _rescaled(step, floor))
+    final = (messages[-1] * emission.unsqueeze(-2)).flatten(-2)  # (c, r N)
+    values, flat = final.topk(min(k, final.shape[-1]), dim=-1)
+    log_scale = torch.zeros_like(values[:, 0])
+    ok = torch.ones_like(values[:, 0], dtype=torch.bool)
+    path = [flat]
+    for pointer, scale in reversed(kept):
+        ok &= scale >= floor
+        log_scale += scale.clamp_min(floor).log()
+        path.insert(0, pointer.flatten(-2).gather(-1, path[0]))
+    return values, torch.stack(path, dim=-1) % init.shape[-1], log_scale, ok
+
+
+def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, size: int, floor: float):
+    """Per hop ``(c, size)`` positions through which every one of the ``k`` best paths passes, and ``(c,)``
+    whether they hold all of them.
+
+    The best path through position ``i`` at hop ``l`` (its max-marginal, forward times backward max-product
+    messages, relative to the best path) bounds every path through it, and at any hop the ``k``-th largest
+    max-marginal is a lower bound on the ``k``-th best path (``k`` distinct paths reach it). A position below the
+    largest such bound is on none of the ``k`` best paths; a row whose positions above it do not fit in
+    ``size`` at some hop is not pruned."""
+    forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
+    backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
+    relative = [f * b for f, b in zip(forward, backward[::-1])]
+    ranked = [(r / r.amax(-1, keepdim=True).clamp_min(floor)).sort(dim=-1, descending=True) for r in relative]
+    # The slack covers the rounding of the max-marginals (a few eps each).
+    threshold = torch.stack([values[:, k - 1] for values, _ in ranked]).amax(0) * (1 - 1e-4)
+    fits = threshold >= floor
+    for values, _ in ranked:
+        fits &= values[:, size] < threshold
+    return [positions[:, :size] for _, positions in ranked], fits
+
+
+def _k_best_chunk(gates: HopGates, chunk, route: str, k: int):
+    L, N = gates.n_hops, chunk.context_len
+    prepared = prepare(gates, chunk, route)
+    transitions = prepared.transitions
+    emission, _, ok = shifted_emission(gates, chunk)
+    floor = underflow_floor(emission.dtype)
+    size = max(4 * k, 16)  # candidate positions a hop when pruning
+    pruned = torch.zeros_like(ok)
+    if L > 1 and k <= N and size < N:
+        candidates, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, size, floor)
+    r = min(k, N**L)
+    values = emission.new_zeros(len(chunk), r)
+    paths = torch.zeros(len(chunk), r, L, dtype=torch.long, device=emission.device)
+    log_scale = torch.zeros_like(emission[:, 0])
+    for is_pruned in (True, False):
+        rows = (pruned if is_pruned else ~pruned).nonzero().squeeze(-1)
+        if not len(rows):
+            continue
+        selected = transitions.select(rows)
+        if is_pruned:  # the k best paths within the candidates, then their positions
+            chosen = [positions[rows] for positions in candidates]
+            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
+                                      None, selected.ok)
+            found = _k_max_paths(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]),
+                                 L, k, floor)
+            positions = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
+            found = (found[0], positions) + found[2:]
+        else:
+            found = _k_max_paths(selected, prepared.init[rows], emission[rows], L, k, floor)
+        values[rows], paths[rows], log_scale[rows] = found[:3]
+        ok[rows] &= found[3]
+    total = (forward_messages(transitions, prepared.init, L)[-1] * emission).sum(-1)  # the likelihood, shifted
+    # Paths of probability zero (padding, a zero emission) are exactly 0 here; a rank below the number of
+    # possible paths that is below the floor underflowed, and the row goes to log space.
+    real = chunk.full_mask()
+    possible = real.sum(-1).to(emission.dtype) ** (L - 1) * ((emission > 0) & real).sum(-1).to(emission.dtype)
+    ranks = torch.arange(values.shape[-1], device=values.device)
+    ok &= transitions.ok & (total >= floor) & ((values >= floor) | (ranks >= possible.unsqueeze(-1))).all(-1)
+    impossible = values <= 0
+    log_probs = (values.clamp_min(floor).log() + (log_scale - total.clamp_min(floor).log()).unsqueeze(-1))
+    log_probs = log_probs.masked_fill(impossible, -math.inf)
+    paths = paths.masked_fill(impossible.unsqueeze(-1), 0)
+    if values.shape[-1] < k:  # only when N^L < k
+        c = len(chunk)
+        log_probs = torch.cat([log_probs, log_probs.new_full((c, k - values.shape[-1]), -math.inf)], dim=-1)
+        paths = torch.cat([paths, paths.new_zeros(c, k - values.shape[-1], L)], dim=-2)
+    if not ok.all():
+        bad = (~ok).nonzero().squeeze(-1)
+        _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+        paths[bad], log_probs[bad] = chain_k_best(chain, log_emission, k)
+    return paths, log_probs
+
+
+def _kmax(transitions, message, hop, k):
+    return transitions.kmax_forward(message, hop, k)
+
+
+def k_best_paths(gates: HopGates, obs, k: int, budget=None):
+    """``(paths (n, k, L), log_probs (n, k))``: the ``k`` most probable hop paths given the target, best
+    first, with their posterior log-probabilities; ``-inf`` rows where fewer than ``k`` paths exist."""
+    check_positive_int("k", k)
+    n, L, N = len(obs), gates.n_hops, obs.context_len
+    device = gates.log_emission.device
+    paths = torch.zeros(n, k, L, dtype=torch.long, device=device)
+    log_probs = gates.log_emission.new_empty(n, k)
+    route = choose_route(gates, N, max_product=True)
+    with torch.no_grad():
+        for part, chunk in _chunks(gates, obs, "positions", budget, extra=3 * N * max(N, gates.num_symbols) * k):
+            paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k)
+    return paths, log_probs
+
+
+# -- sampling ----------------------------------------------------------------------------------------------------
+def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generator):
+    """``(num_samples, c, L)`` by forward filtering, backward sampling in probability space::
+
+        z_L ~ alpha_L(z_L) p(target | z_L),    z_l | z_{l+1} = j  ~  alpha_l(z_l) P_l[z_l, j]
+    """
+    L = gates.n_hops
+    prepared = prepare(gates, chunk, route)
+    transitions = prepared.transitions
+    alphas = forward_messages(transitions, prepared.init, L)
+    emission, _, ok = shifted_emission(gates, chunk)
+    floor = underflow_floor(emission.dtype)
+    last = alphas[-1] * emission
+    ok = ok & transitions.ok & (last.sum(-1) >= floor)
+    position = draw_by_inverse_cdf(last, num_samples, generator)  # (c, s)
+    path = [position]
+    for hop in reversed(range(L - 1)):
+        weights = transitions.reverse_weights(hop, alphas[hop], position)  # (c, s, N)
+        ok &= (weights.sum(-1) >= floor).all(-1)
+        position = draw_by_inverse_cdf(weights, 1, generator).squeeze(-1)
+        path.insert(0, position)
+    paths = torch.stack(path, dim=-1).transpose(0, 1)  # (s, c, L)
+    if not ok.all():
+        bad = (~ok).nonzero().squeeze(-1)
+        _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+        paths[:, bad] = chain_sample_posterior(chain, log_emission, num_samples, generator)
+    return paths
+
+
+def sample_paths(gates: HopGates, obs, num_samples: int, generator=None, budget=None) -> torch.Tensor:
+    """``(num_samples, n, L)`` hop paths drawn from the posterior given the target (forward filtering,
+    backward sampling)."""
+    check_positive_int("num_samples", num_samples)
+    out = torch.empty(num_samples, len(obs), gates.n_hops, dtype=torch.long, device=gates.log_emission.device)
+    route = choose_route(gates, obs.context_len)
+    with torch.no_grad():
+        for part, chunk in _chunks(gates, obs, route, budget, extra=3 * num_samples * obs.context_len):
+            out[:, part] = _sample_chunk(gates, chunk, route, num_samples, generator)
+    return out
+
+
+# -- entropy -------------------------------------------------------------------------------------------------------
+def path_entropy(gates: HopGates, obs, budget=None, given_target: bool = True) -> torch.Tensor:
+    """``(n,)`` exact entropy (nats) of the posterior over hop paths given the target; with
+    ``given_target=False``, of the prior chain (the uncertainty before the target is seen).
+
+    By the chain rule on the reverse chain, from the forward-backward messages::
+
+        H(z_1..z_L | target) = H(z_L | target) + sum_{l<L} E_{z_{l+1} | target} H(z_l | z_{l+1})
+    """
+    out = gates.log_emission.new_empty(len(obs))
+    N = obs.context_len
+    route = choose_route(gates, N, backward=True)
+    with torch.no_grad():
+        for part, chunk in _chunks(gates, obs, route, budget, extra=2 * N * N if route == "positions" else 0.0):
+            main, fallback = posterior_chunk(gates, chunk, route, given_target=given_target)
+            gamma = main.hop_marginals
+            entropy = -torch.xlogy(gamma[-1], gamma[-1]).sum(-1)
+            for hop in range(gates.n_hops - 1):
+                entropy += main.transitions.conditional_entropy(hop, main.alphas[hop], main.alphas[hop + 1], gamma[hop + 1])
+            rows = torch.arange(part.start, part.stop, device=entropy.device)
+            out[rows[main.rows]] = entropy
+            if fallback is not None:
+                log_emission = _log_space_emission(gates.target_log_probs(fallback.obs), given_target)
+                out[rows[fallback.rows]] = chain_entropy(gates.dense_chain(fallback.obs), log_emission)
+    return out
+
+
+# -- the lazy posterior -----------------------------------------------------------------------------------------
+class HopPosterior:
+    """The exact posterior over the hop paths of ``n`` observations under a head.
+
+    Built by one forward-backward pass (:func:`~.queries.posterior_marginals`); the path queries run, in
+    chunks under the budget, when first read, and are kept.
+
+    :ivar log_likelihood: ``(n,)``, ``log p(target | context, query)``.
+    :ivar hop_marginals: ``(L, n, N)``, ``p(z_l = i | observation)``.
+    :ivar pairwise_marginals: ``(L - 1, n, N, N)``, ``p(z_l = i, z_{l+1} = j | observation)``, when built with
+        ``pairwise=True`` (from the same pass), else None (``O(n N^2)`` memory).
+    """
+
+    def __init__(self, gates: HopGates, obs, budget: Optional[int] = None, pairwise: bool = False):
+        self.gates, self.obs, self.budget = gates, obs, budget
+        self.log_likelihood, self.hop_marginals, self.pairwise_marginals = posterior_marginals(
+            gates, obs, budget, pairwise=pairwise)
+        self._k_best = {}
+
+    @functools.cached_property
+    def map_paths(self) -> torch.Tensor:
+        """``(n, L)`` LongTensor, the most probable hop path (computed on first read)."""
+        return map_paths(self.gates, self.obs, self.budget)
+
+    @functools.cached_property
+    def path_entropy(self) -> torch.Tensor:
+        """``(n,)`` entropy, in nats, of the posterior over hop paths (computed on first read)."""
+        return path_entropy(self.gates, self.obs, self.budget)
+
+    def k_best_paths(self, k: int):
+        """``(paths (n, k, L), log_probs (n, k))``, the ``k`` most probable paths (kept per ``k``)."""
+        if k not in self._k_best:
+            self._k_best[k] = k_best_paths(self.gates, self.obs, k, self.budget)
+        return self._k_best[k]
+
+    def sample_paths(self, num_samples: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """``(num_samples, n, L)`` hop paths drawn from the posterior (fresh draws at every call)."""
+        return sample_paths(self.gates, self.obs, num_samples, generator, self.budget)
+
+    def __repr__(self) -> str:
+        L, n, N = self.hop_marginals.shape
+        return f"HopPosterior(n={n}, L={L}, N={N})"

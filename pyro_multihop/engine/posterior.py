@@ -1,0 +1,166 @@
+"""Forward-backward over chunks of rows in probability space, with the log-space recompute of the rows that
+underflow: the source of the marginals, the EM statistics and the path queries.
+
+Forward messages are distributions (transitions are row-stochastic), backward messages are rescaled to a row
+maximum of 1 at every hop, and the emission is shifted by its row maximum. A row whose sums would fall below
+:func:`~.recursion.underflow_floor` in that form (an underflowing normaliser ``R``, message or likelihood;
+tiny ``sigma2`` with far-apart keys) is recomputed by the log-space recursions of :mod:`.log_space` on its
+dense factors, so every row is exact to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, List, Optional
+
+import torch
+
+from .budget import device_chunk, row_slices
+from .hop_gates import HopGates, choose_route
+from .log_space import HopChain, chain_posterior
+from .recursion import backward_messages, forward_messages, underflow_floor
+from .transitions import PreparedChunk, Transitions, key_statistics_from_pairwise, prepare, rows_per_chunk
+
+__all__ = ["ChunkPosterior", "forward_backward_chunks", "posterior_chunk", "shifted_emission", "rows_in_log_space"]
+
+
+class ChunkPosterior:
+    """The posterior of one chunk, as :func:`forward_backward_chunks` yields it.
+
+    :ivar rows: LongTensor, the chunk's rows in the data. :ivar obs: the chunk (on the gates' device).
+    :ivar log_likelihood: ``(c,)``.
+    :ivar route: ``"symbols"``, ``"positions"`` or ``"log"`` (the log-space recompute of failing rows).
+    :ivar alphas, betas: per hop ``(c, N)`` prior and (rescaled) backward messages (not for ``"log"``).
+    :ivar totals: per hop ``(c,)``, ``sum_i alpha[l][i] beta[l][i]`` (the normaliser of hop ``l``'s marginal).
+    :ivar transitions: the route's :class:`~.transitions.Transitions` (not for ``"log"``).
+    :ivar pairwise: ``(L - 1, c, N, N)`` for the ``"log"`` route or when asked for, else None.
+    """
+
+    def __init__(self, rows, obs, log_likelihood, route, alphas=None, betas=None, totals=None,
+                 transitions: Optional[Transitions] = None, pairwise=None, hop_marginals=None):
+        self.rows, self.obs, self.log_likelihood, self.route = rows, obs, log_likelihood, route
+        self.alphas, self.betas, self.totals, self.transitions = alphas, betas, totals, transitions
+        self.pairwise = pairwise
+        self._hop_marginals = hop_marginals
+
+    @property
+    def hop_marginals(self) -> torch.Tensor:
+        """``(L, c, N)`` posterior ``p(z_l = i | observation)`` (computed on first use)."""
+        if self._hop_marginals is None:
+            self._hop_marginals = torch.stack(
+                [a * b / t.unsqueeze(-1) for a, b, t in zip(self.alphas, self.betas, self.totals)]
+            )
+        return self._hop_marginals
+
+    def pairwise_at(self, hop: int) -> torch.Tensor:
+        """``(c, N, N)`` pairwise posterior of hops ``hop + 1`` and ``hop + 2`` (0-based ``hop``)."""
+        if self.pairwise is not None:
+            return self.pairwise[hop]
+        return self.transitions.pairwise(hop, self.alphas[hop], self.betas[hop + 1], self.totals[hop + 1])
+
+    def key_statistics(self, hop: int, weights: torch.Tensor, num_symbols: int) -> torch.Tensor:
+        """``(S, S)``: ``out[k, s] = sum_c weights[c] sum_ij p(z_{hop+1} = i, z_{hop+2} = j | obs_c)
+        [key_cj = k] [value_ci = s]`` (the EM statistics of the keys of hop ``hop + 2``), without an
+        ``(N, N)`` tensor on the symbol route."""
+        if self.pairwise is not None:
+            weighted = self.pairwise[hop] * weights.view(-1, 1, 1)
+            return key_statistics_from_pairwise(weighted, self.obs.keys, self.obs.values, num_symbols)
+        scale = weights / self.totals[hop + 1]
+        return self.transitions.key_statistics(hop, self.alphas[hop], self.betas[hop + 1], scale)
+
+
+def shifted_emission(gates: HopGates, chunk):
+    """``(exp(log p(target | z_L = i) - shift) * real (c, N), shift (c,), ok (c,))``."""
+    log_emission = gates.target_log_probs(chunk)
+    real = chunk.full_mask()
+    shift = log_emission.masked_fill(~real, -math.inf).amax(-1)
+    finite = torch.isfinite(shift)
+    shift = torch.where(finite, shift, torch.zeros_like(shift))
+    emission = (log_emission - shift.unsqueeze(-1)).exp() * real
+    return emission, shift, finite
+
+
+def rows_in_log_space(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor):
+    """``(sub-chunk, its dense log factors, its (c', N) log emission)`` for the ``rows`` of a chunk that the
+    probability-space route could not compute (the dense factors are reused when the route built them)."""
+    sub = prepared.obs[rows]
+    if prepared.chain is None:
+        chain = gates.dense_chain(sub)
+    else:
+        chain = HopChain(prepared.chain.init[rows], prepared.chain.trans[:, rows])
+    return sub, chain, gates.target_log_probs(sub)
+
+
+def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, given_target: bool = True):
+    """Forward-backward of one chunk: ``(ChunkPosterior of the rows computed in probability space,
+    ChunkPosterior of the failing rows in log space or None)``; row indices relative to the chunk. With
+    ``given_target=False`` the emission is 1 everywhere (the posterior is the prior chain)."""
+    L = gates.n_hops
+    prepared = prepare(gates, chunk, route)
+    alphas = forward_messages(prepared.transitions, prepared.init, L)
+    if given_target:
+        emission, shift, ok = shifted_emission(gates, chunk)
+    else:
+        emission = chunk.full_mask().to(prepared.init.dtype)
+        shift, ok = emission.new_zeros(len(chunk)), torch.ones(len(chunk), dtype=torch.bool, device=emission.device)
+    floor = underflow_floor(emission.dtype)
+    betas, scales = backward_messages(prepared.transitions, emission, L)
+    ok = ok & prepared.transitions.ok
+    for scale in scales:
+        ok &= (scale >= floor) & torch.isfinite(scale)
+    totals = [(alpha * beta).sum(-1) for alpha, beta in zip(alphas, betas)]
+    for total in totals:
+        ok &= (total >= floor) & torch.isfinite(total)
+    good = None if ok.all() else ok.nonzero().squeeze(-1)
+
+    def keep(x):
+        return x if good is None else x[good]
+
+    totals, alphas, betas = [keep(t) for t in totals], [keep(a) for a in alphas], [keep(b) for b in betas]
+    transitions = prepared.transitions if good is None else prepared.transitions.select(good)
+    pair = None
+    if pairwise and L > 1:
+        pair = torch.stack([transitions.pairwise(hop, alphas[hop], betas[hop + 1], totals[hop + 1])
+                            for hop in range(L - 1)])
+    main = ChunkPosterior(slice(None) if good is None else good, chunk if good is None else chunk[good],
+                          totals[-1].log() + keep(shift), route, alphas, betas, totals, transitions, pair)
+    if good is None:
+        return main, None
+    bad = (~ok).nonzero().squeeze(-1)
+    sub, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+    if not given_target:
+        log_emission = torch.zeros_like(log_emission)
+    exact = chain_posterior(chain, log_emission)
+    fallback = ChunkPosterior(bad, sub, exact.log_likelihood, "log", pairwise=exact.pairwise_marginals,
+                              hop_marginals=exact.hop_marginals)
+    return main, fallback
+
+
+def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = False, route=None,
+                            rows: Optional[int] = None) -> Iterator[ChunkPosterior]:
+    """Yield :class:`ChunkPosterior` objects covering every row of ``obs`` once (the E-step's source).
+
+    Rows of a chunk that the probability-space route computes are yielded in one object (``route`` =
+    ``"symbols"``/``"positions"``, with messages), the rest in a second (``route = "log"``, with pairwise
+    marginals). Their ``rows`` index ``obs``.
+
+    :param route: force ``"symbols"`` or ``"positions"`` (default :func:`~.hop_gates.choose_route`).
+    :param rows: rows per chunk (default: as many as the budget allows).
+    """
+    n, N = len(obs), obs.context_len
+    route = choose_route(gates, N, backward=True) if route is None else route
+    if route == "symbols" and gates.scores is None:
+        raise ValueError("route 'symbols' needs gate score tables; this gate has position terms")
+    device = gates.log_emission.device
+    extra = (gates.n_hops - 1) * N * N if pairwise else 0.0
+    rows_per = rows_per_chunk(gates, N, route, budget, extra) if rows is None else rows
+    with torch.no_grad():
+        for part in row_slices(n, rows_per):
+            chunk = device_chunk(obs, part, device)
+            main, fallback = posterior_chunk(gates, chunk, route, pairwise)
+            offset = torch.arange(part.start, part.stop, device=device)
+            main.rows = offset[main.rows]
+            yield main
+            if fallback is not None:
+                fallback.rows = offset[fallback.rows]
+                yield fallback

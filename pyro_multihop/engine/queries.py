@@ -1,0 +1,104 @@
+"""The likelihood and the marginals: every row in chunks under the memory budget, on the chosen route."""
+
+from __future__ import annotations
+
+import torch
+
+from .budget import device_chunk, row_slices
+from .hop_gates import HopGates, choose_route
+from .log_space import chain_log_likelihood
+from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
+from .recursion import forward_messages, underflow_floor
+from .transitions import prepare, rows_per_chunk
+
+__all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
+           "value_marginals"]
+
+
+def _log_likelihood_chunk(gates: HopGates, chunk, route: str) -> torch.Tensor:
+    """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows recomputed in log space."""
+    prepared = prepare(gates, chunk, route)
+    alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]
+    emission, shift, ok = shifted_emission(gates, chunk)
+    total = (alpha * emission).sum(-1)
+    floor = underflow_floor(total.dtype)
+    ok = ok & prepared.transitions.ok & (total >= floor)
+    result = total.clamp_min(floor).log() + shift
+    if ok.all():
+        return result
+    bad = (~ok).nonzero().squeeze(-1)
+    _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+    return result.index_put((bad,), chain_log_likelihood(chain, log_emission))
+
+
+def log_likelihood(gates: HopGates, obs, budget=None) -> torch.Tensor:
+    """``(n,)`` exact ``log p(target | context, query)``; differentiable in the gates when grad is enabled
+    (the autograd graph then holds every chunk's messages: ``O(n (L S + N))`` for the symbol route)."""
+    n, N = len(obs), obs.context_len
+    route = choose_route(gates, N)
+    device = gates.log_emission.device
+    rows = rows_per_chunk(gates, N, route, budget)
+    # Concatenated, not written into a preallocated output, so that the result keeps every chunk's graph
+    # whenever any input of the gates requires grad.
+    parts = row_slices(n, rows) if n else [slice(0, 0)]  # an empty shard still gives a (0,) result
+    return torch.cat([_log_likelihood_chunk(gates, device_chunk(obs, part, device), route) for part in parts])
+
+
+def predict_proba(gates: HopGates, obs, budget=None) -> torch.Tensor:
+    """``(n, T)`` predictive target distribution, the hop latents marginalised (targets of ``obs`` unused)."""
+    n, N = len(obs), obs.context_len
+    S, T = gates.log_emission.shape
+    route = choose_route(gates, N)
+    device = gates.log_emission.device
+    emission = gates.log_emission.exp()
+    # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
+    by_symbol = S <= 4 * N and gates.position_emission is None
+    rows = rows_per_chunk(gates, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
+    out = emission.new_empty(n, T)
+    for part in row_slices(n, rows):
+        chunk = device_chunk(obs, part, device)
+        prepared = prepare(gates, chunk, route)
+        alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]  # (c, N) p(z_L = i)
+        if gates.position_emission is not None:
+            out[part] = torch.bmm(alpha.unsqueeze(-2), gates.position_emission(chunk).exp()).squeeze(-2)
+        elif by_symbol:
+            weights = alpha.new_zeros(len(chunk), S).scatter_add_(1, chunk.values, alpha)
+            out[part] = weights @ emission
+        else:
+            out[part] = torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
+    return out
+
+
+def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = False):
+    """``(log_likelihood (n,), hop_marginals (L, n, N), pairwise (L - 1, n, N, N) or None)`` in one
+    forward-backward pass; the pairwise marginals (``O(L n N^2)`` memory) only with ``pairwise=True``."""
+    L, n, N = gates.n_hops, len(obs), obs.context_len
+    log_likelihood_out = gates.log_emission.new_empty(n)
+    marginals = gates.log_emission.new_empty(L, n, N)
+    pairs = gates.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
+    for part in forward_backward_chunks(gates, obs, budget, pairwise=pairwise and L > 1):
+        log_likelihood_out[part.rows] = part.log_likelihood
+        marginals[:, part.rows] = part.hop_marginals
+        if pairwise and L > 1:
+            pairs[:, part.rows] = part.pairwise
+    return log_likelihood_out, marginals, pairs
+
+
+def hop_marginals(gates: HopGates, obs, budget=None) -> torch.Tensor:
+    """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
+    return posterior_marginals(gates, obs, budget)[1]
+
+
+def pairwise_marginals(gates: HopGates, obs, budget=None) -> torch.Tensor:
+    """``(L - 1, n, N, N)`` posterior ``p(z_l = i, z_{l+1} = j | observation)``: ``O(L n N^2)`` memory."""
+    return posterior_marginals(gates, obs, budget, pairwise=True)[2]
+
+
+def value_marginals(gates: HopGates, obs, budget=None) -> torch.Tensor:
+    """``(L, n, S)``: the posterior probability that hop ``l`` attends a position whose value is ``s``."""
+    L, n, S = gates.n_hops, len(obs), gates.log_emission.shape[0]
+    out = gates.log_emission.new_zeros(L, n, S)
+    for part in forward_backward_chunks(gates, obs, budget):
+        values = part.obs.values.unsqueeze(0).expand(L, -1, -1)
+        out[:, part.rows] = part.hop_marginals.new_zeros(L, len(part.obs), S).scatter_add_(2, values, part.hop_marginals)
+    return out

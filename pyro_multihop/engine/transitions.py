@@ -1,0 +1,382 @@
+"""The transitions of one chunk of rows: one small protocol (:class:`Transitions`), two implementations.
+
+- :class:`SymbolTransitions` (the symbol route): the transition of hop ``l`` from position ``i`` to ``j`` is
+  ``E_l[value_i, key_j] / R_l[value_i]`` with ``E_l = exp(scores[l] - rowmax)`` and ``R_l`` the row's
+  normaliser, so a message crosses a hop as ``(c, S) x (S, S)`` products and a scatter/gather over the
+  positions: ``O(S^2 + N)`` per row and hop, no ``(N, N)`` tensor;
+- :class:`PositionTransitions` (the position route): the ``(c, N, N)`` transition matrices of the chunk and
+  batched products, ``O(N^2)`` per row and hop.
+
+Every recursion of the engine (:mod:`.recursion`) and the EM statistics go through the protocol, so a new
+gate plugs in as one more implementation, and a new query as one more method with a generic default (built
+on :meth:`Transitions.matrix`) that an implementation may override with a faster one.
+
+Shapes: ``c`` rows, ``N`` positions, ``S`` symbols; ``hop`` indexes the ``L - 1`` transitions (0-based:
+transition ``hop`` goes from ``z_{hop+1}`` to ``z_{hop+2}``).
+"""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional
+
+import torch
+
+from ..gate_ops import flat_gather, flat_index
+from .budget import rows_within_budget
+from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
+from .log_space import HopChain
+from .recursion import underflow_floor
+
+__all__ = [
+    "Transitions",
+    "SymbolTransitions",
+    "PositionTransitions",
+    "PreparedChunk",
+    "prepare",
+    "rows_per_chunk",
+    "key_statistics_from_pairwise",
+]
+
+
+def key_statistics_from_pairwise(pairwise: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                                 num_symbols: int) -> torch.Tensor:
+    """``(S, S)``: ``out[k, s] = sum_c sum_ij pairwise[c, i, j] [key_cj = k] [value_ci = s]``, from explicit
+    (weighted) pairwise terms ``(c, N, N)``: one ``index_add`` of ``c N^2`` entries."""
+    S = num_symbols
+    flat = (keys.unsqueeze(-2) * S + values.unsqueeze(-1)).flatten()
+    return pairwise.new_zeros(S * S).index_add_(0, flat, pairwise.flatten()).view(S, S)
+
+
+class Transitions:
+    """The hop transitions ``P_hop[c, i, j] = p(z_{hop+2} = j | z_{hop+1} = i)`` of one chunk.
+
+    An implementation provides :attr:`ok`, :meth:`select`, :meth:`forward`, :meth:`backward` and
+    :meth:`matrix`; the other methods have generic versions built on :meth:`matrix` (``O(N^2)`` per row and
+    hop) that an implementation may replace.
+
+    :ivar ok: ``(c,)`` bool, rows whose transitions are representable in probability space (the others are
+        recomputed in log space by the caller).
+    :ivar keys, values: ``(c, N)`` symbols of the chunk, or None (a gate without symbol tables).
+    :ivar num_symbols: ``S`` (for :meth:`key_statistics`).
+    """
+
+    ok: torch.Tensor
+    keys: Optional[torch.Tensor]
+    values: Optional[torch.Tensor]
+    num_symbols: int
+
+    def select(self, rows: torch.Tensor) -> "Transitions":
+        """The transitions of ``rows`` (a LongTensor of rows of this chunk) alone."""
+        raise NotImplementedError
+
+    def forward(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """``(c, N)``: ``out[j] = sum_i message[i] P[i, j]``."""
+        raise NotImplementedError
+
+    def backward(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """``(c, N)``: ``out[i] = sum_j P[i, j] message[j]``."""
+        raise NotImplementedError
+
+    def matrix(self, hop: int) -> torch.Tensor:
+        """``(c, N, N)``: ``P[i, j]``."""
+        raise NotImplementedError
+
+    def pairwise(self, hop: int, alpha: torch.Tensor, beta: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        """``(c, N, N)``: ``alpha[i] P[i, j] beta[j] / total``, the pairwise posterior of ``z_{hop+1}, z_{hop+2}``
+        given the forward message of the first, the backward message of the second and their normaliser."""
+        return alpha.unsqueeze(-1) * self.matrix(hop) * beta.unsqueeze(-2) / total.view(-1, 1, 1)
+
+    def key_statistics(self, hop: int, alpha: torch.Tensor, beta: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``(S, S)``: ``out[k, s] = sum_c scale[c] sum_ij alpha[c, i] P[c, i, j] beta[c, j] [key_j = k]
+        [value_i = s]``, the EM statistics of the keys of hop ``hop + 2`` (with ``scale = w / total``)."""
+        weighted = alpha.unsqueeze(-1) * self.matrix(hop) * (beta * scale.unsqueeze(-1)).unsqueeze(-2)
+        return key_statistics_from_pairwise(weighted, self.keys, self.values, self.num_symbols)
+
+    def max_forward(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """Max-product: ``(c, N)``, ``out[j] = max_i message[i] P[i, j]`` (the argmax is found when decoding,
+        for the decoded position alone, from :meth:`columns`)."""
+        return (message.unsqueeze(-1) * self.matrix(hop)).amax(-2)
+
+    def max_backward(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """Max-product backward: ``(c, N)``, ``out[i] = max_j P[i, j] message[j]``."""
+        return (self.matrix(hop) * message.unsqueeze(-2)).amax(-1)
+
+    def submatrix(self, hop: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """``(c, M, M')``: ``P[c, rows[c, a], cols[c, b]]`` for ``rows (c, M)`` and ``cols (c, M')`` positions."""
+        matrix = self.matrix(hop)
+        c, N = matrix.shape[0], matrix.shape[-1]
+        picked = matrix.gather(1, rows.unsqueeze(-1).expand(c, rows.shape[1], N))
+        return picked.gather(2, cols.unsqueeze(1).expand(c, rows.shape[1], cols.shape[1]))
+
+    def kmax_forward(self, message: torch.Tensor, hop: int, k: int):
+        """k-max product: ``message (c, r, N)`` holds per position the ``r`` best path scores ending there; returns
+        the ``r' = min(k, r N)`` best of ``message[r, i] P[i, j]`` per ``j`` ``(c, r', N)``, best first, and their
+        flat predecessors ``rank * N + i`` ``(c, r', N)``."""
+        # (c, N_to, r, N_from), so that the top k run over the contiguous last dim
+        scores = (message.unsqueeze(1) * self.matrix(hop).transpose(-1, -2).unsqueeze(2)).flatten(-2)
+        best, pointer = scores.topk(min(k, scores.shape[-1]), dim=-1)
+        return best.transpose(-1, -2), pointer.transpose(-1, -2)
+
+    def columns(self, hop: int, positions: torch.Tensor) -> torch.Tensor:
+        """``(c, s, N)``: ``out[c, d, i] = P[c, i, positions[c, d]]``, one column per draw ``d``."""
+        c, s = positions.shape
+        matrix = self.matrix(hop)
+        return matrix.transpose(-1, -2).gather(-2, positions.unsqueeze(-1).expand(c, s, matrix.shape[-1]))
+
+    def reverse_weights(self, hop: int, alpha: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``(c, s, N)``: ``alpha[i] P[i, positions[d]]``, the unnormalised reverse-chain weights of ``z_{hop+1}``
+        given ``z_{hop+2} = positions[d]`` (for sampling and decoding)."""
+        return alpha.unsqueeze(-2) * self.columns(hop, positions)
+
+    def conditional_entropy(self, hop: int, alpha: torch.Tensor, alpha_next: torch.Tensor,
+                            posterior_next: torch.Tensor) -> torch.Tensor:
+        """``(c,)``: ``sum_j posterior_next[j] H(z_{hop+1} | z_{hop+2} = j)`` under the reverse chain
+        ``p(z_{hop+1} = i | z_{hop+2} = j) = alpha[i] P[i, j] / alpha_next[j]`` (``alpha`` the prior messages)."""
+        joint = alpha.unsqueeze(-1) * self.matrix(hop)  # (c, N_i, N_j)
+        conditional = joint / alpha_next.unsqueeze(-2).clamp_min(torch.finfo(joint.dtype).tiny)
+        column_entropy = -torch.xlogy(conditional, conditional).sum(-2)  # (c, N_j)
+        return (column_entropy.clamp_min(0) * posterior_next).sum(-1)
+
+
+def _inverse(normalisers: torch.Tensor, divide: torch.Tensor) -> torch.Tensor:
+    """``1 / R`` where ``divide``, else 1, formed as ``exp(-log R)``: the backward of a division squares ``R``,
+    which underflows for ``R < 1e-154`` in float64 (1e-19 in float32), and ``0 * inf`` would turn a zero
+    gradient into NaN."""
+    return torch.where(divide, normalisers, torch.ones_like(normalisers)).log().neg().exp()
+
+
+class SymbolTransitions(Transitions):
+    """Transitions factored through symbol space: ``P[i, j] = E[value_i, key_j] / R[value_i]``.
+
+    :ivar weights: ``(L - 1, S, S)`` ``E`` (row maximum 1), shared by every row.
+    :ivar real: ``(c, N)`` 1.0 at real positions, 0.0 at padding.
+    :ivar inverse_normalisers: per transition ``(c, S)``, ``1 / R[c, v]`` (1 for values absent from the row).
+    """
+
+    def __init__(self, weights, keys, values, real, inverse_normalisers: List[torch.Tensor], ok):
+        self.weights, self.keys, self.values, self.real = weights, keys, values, real
+        self.inverse_normalisers, self.ok = inverse_normalisers, ok
+        self.num_symbols = weights.shape[-1]
+
+    @classmethod
+    def build(cls, gates: HopGates, chunk) -> "SymbolTransitions":
+        weights = gates.transition_weights
+        S = weights.shape[-1]
+        keys, values = chunk.keys, chunk.values
+        real = chunk.full_mask().to(weights.dtype)
+        key_counts = _by_symbol(keys, real, S)  # real positions carrying each key
+        present = _by_symbol(values, real, S) > 0  # value symbols at real positions
+        floor = underflow_floor(weights.dtype)
+        ok = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+        normalisers = []
+        for table in weights:
+            normaliser = key_counts @ table.transpose(0, 1)  # R[c, v] = sum_j E[v, key_j]
+            ok &= ((normaliser >= floor) | ~present).all(-1)
+            normalisers.append(normaliser)
+        # Absent values are never divided by; failing rows get R = 1 so that every (discarded) value stays finite.
+        divide = present & ok.unsqueeze(-1)
+        return cls(weights, keys, values, real, [_inverse(r, divide) for r in normalisers], ok)
+
+    def select(self, rows: torch.Tensor) -> "SymbolTransitions":
+        return SymbolTransitions(self.weights, self.keys[rows], self.values[rows], self.real[rows],
+                                 [r[rows] for r in self.inverse_normalisers], self.ok[rows])
+
+    def leaving(self, message: torch.Tensor, hop: int) -> torch.Tensor:
+        """``(c, S)``: ``sum_{i: value_i = v} message[i] / R[v]``, the mass leaving through value ``v``."""
+        return _by_symbol(self.values, message, self.num_symbols) * self.inverse_normalisers[hop]
+
+    def arriving(self, message: torch.Tensor) -> torch.Tensor:
+        """``(c, S)``: ``sum_{j: key_j = k} message[j]``."""
+        return _by_symbol(self.keys, message, self.num_symbols)
+
+    def forward(self, message, hop):
+        return (self.leaving(message, hop) @ self.weights[hop]).gather(1, self.keys) * self.real
+
+    def backward(self, message, hop):
+        arriving = self.arriving(message) @ self.weights[hop].transpose(0, 1)
+        return (arriving * self.inverse_normalisers[hop]).gather(1, self.values) * self.real
+
+    def matrix(self, hop):
+        matrix = self.weights[hop][self.values.unsqueeze(-1), self.keys.unsqueeze(-2)]
+        matrix = matrix * self.inverse_normalisers[hop].gather(1, self.values).unsqueeze(-1)
+        return matrix * self.real.unsqueeze(-2)
+
+    def key_statistics(self, hop, alpha, beta, scale):
+        # The pairwise term summed over the positions of value s and key k is leaving[s] E[s, k] arriving[k]:
+        # one (S, c) x (c, S) product.
+        leaving = self.leaving(alpha, hop)
+        arriving = self.arriving(beta) * scale.unsqueeze(-1)
+        return (arriving.transpose(0, 1) @ leaving) * self.weights[hop].transpose(0, 1)
+
+    def max_forward(self, message, hop):
+        # max_i message[i] E[v_i, k_j] / R[v_i] = max_v (max_{i: v_i = v} message[i]) / R[v] E[v, k_j]: a
+        # scatter-max over the values, then an (S, S) max per row, over the contiguous last dim.
+        best_by_value = message.new_zeros(message.shape[0], self.num_symbols)
+        best_by_value = best_by_value.scatter_reduce(1, self.values, message, "amax")  # messages >= 0
+        scores = (best_by_value * self.inverse_normalisers[hop]).unsqueeze(-2) * self.weights[hop].transpose(0, 1)
+        return scores.amax(-1).gather(1, self.keys) * self.real  # (c, S_k) -> (c, N)
+
+    def max_backward(self, message, hop):
+        # max_j E[v_i, k_j] message[j] / R[v_i] = max_k E[v_i, k] (max_{j: k_j = k} message[j]) / R[v_i].
+        best_by_key = message.new_zeros(message.shape[0], self.num_symbols)
+        best_by_key = best_by_key.scatter_reduce(1, self.keys, message * self.real, "amax")  # messages >= 0
+        best = (best_by_key.unsqueeze(-2) * self.weights[hop]).amax(-1)  # (c, S_v)
+        return (best * self.inverse_normalisers[hop]).gather(1, self.values) * self.real
+
+    def submatrix(self, hop, rows, cols):
+        values, keys = self.values.gather(1, rows), self.keys.gather(1, cols)
+        flat = values.unsqueeze(-1) * self.num_symbols + keys.unsqueeze(-2)  # (c, M, M')
+        inverse = self.inverse_normalisers[hop].gather(1, values)  # (c, M)
+        return self.weights[hop].reshape(-1).take(flat) * inverse.unsqueeze(-1) * self.real.gather(1, cols).unsqueeze(-2)
+
+    def kmax_forward(self, message, hop, k):
+        # P[i, j] depends on j only through key_j: the k best per key symbol, (c, S_k, r N_from), then gathered.
+        c, r, N = message.shape
+        leaving = message * self.inverse_normalisers[hop].gather(1, self.values).unsqueeze(1)  # message[r, i] / R[v_i]
+        rows = self.weights[hop].transpose(0, 1)[:, self.values].transpose(0, 1)  # (c, S_k, N_from): E[v_i, k]
+        scores = (leaving.unsqueeze(1) * rows.unsqueeze(2)).flatten(-2)  # (c, S_k, r N_from)
+        best, pointer = scores.topk(min(k, scores.shape[-1]), dim=-1)  # (c, S_k, r')
+        index = self.keys.unsqueeze(-1).expand(c, N, best.shape[-1])
+        best = best.gather(1, index) * self.real.unsqueeze(-1)
+        return best.transpose(-1, -2), pointer.gather(1, index).transpose(-1, -2)
+
+    def columns(self, hop, positions):
+        return self.reverse_weights(hop, self.real, positions)
+
+    def reverse_weights(self, hop, alpha, positions):
+        keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
+        flat = self.values.unsqueeze(-2) * self.num_symbols + keys.unsqueeze(-1)  # (c, s, N): E[v_i, key] in E.flat
+        leaving = alpha * self.inverse_normalisers[hop].gather(1, self.values) * self.real  # alpha[i] / R[v_i]
+        return self.weights[hop].reshape(-1).take(flat) * leaving.unsqueeze(-2)
+
+    def conditional_entropy(self, hop, alpha, alpha_next, posterior_next):
+        # The reverse conditional p(z = i | z' = j) = a_i E[v_i, k_j] / A_{k_j}, a_i = alpha[i] / R[v_i], depends
+        # on j only through its key k. With A_k = sum_i a_i E[v_i, k]:
+        #   H_k = log A_k - (sum_v E[v, k] sum_{i: v_i = v} a_i log a_i + sum_v a_v E[v, k] log E[v, k]) / A_k,
+        # (S,) x (S, S) products, and E_{z'} H = sum_k p(key of z' = k) H_k.
+        S = self.num_symbols
+        weights = self.weights[hop]
+        a = alpha * self.inverse_normalisers[hop].gather(1, self.values)
+        by_value = _by_symbol(self.values, a, S)  # a_v
+        mass = by_value @ weights  # A_k
+        spread = _by_symbol(self.values, torch.xlogy(a, a), S) @ weights + by_value @ torch.xlogy(weights, weights)
+        tiny = torch.finfo(mass.dtype).tiny
+        entropy = torch.where(mass > tiny, mass.clamp_min(tiny).log() - spread / mass.clamp_min(tiny),
+                              torch.zeros_like(mass))
+        return (entropy.clamp_min(0) * _by_symbol(self.keys, posterior_next, S)).sum(-1)
+
+
+def _by_symbol(index: torch.Tensor, x: torch.Tensor, num_symbols: int) -> torch.Tensor:
+    """``(c, S)``: ``out[c, s] = sum_i x[c, i] [index[c, i] = s]``."""
+    return x.new_zeros(x.shape[0], num_symbols).scatter_add(1, index, x)
+
+
+class PositionTransitions(Transitions):
+    """Transitions as dense ``(c, N, N)`` matrices ``P = diag(1 / R) W``.
+
+    Built from score tables (:meth:`from_scores`), ``W[i, j] = E_l[value_i, key_j]`` (the shared
+    ``transition_weights``, gathered; padding columns zero) and ``R`` its row sums: one gather, one sum and
+    one batched product a hop, no logarithm or exponential per entry; rows whose ``R`` underflows are
+    flagged in ``ok``. Built from dense log factors (:meth:`from_chain`), ``W`` is their exponential and
+    ``R = 1``.
+
+    :ivar weights: per transition ``(c, N, N)`` ``W``. :ivar inverse_normalisers: per transition ``(c, N)``
+        ``1 / R``, or None.
+    """
+
+    def __init__(self, weights: List[torch.Tensor], inverse_normalisers: Optional[List[torch.Tensor]], ok,
+                 keys=None, values=None, num_symbols: int = 0):
+        self.weights, self.inverse_normalisers, self.ok = weights, inverse_normalisers, ok
+        self.keys, self.values, self.num_symbols = keys, values, num_symbols
+
+    @classmethod
+    def from_chain(cls, chain: HopChain, chunk, num_symbols: int) -> "PositionTransitions":
+        ok = torch.ones(len(chunk), dtype=torch.bool, device=chain.init.device)
+        keys, values = (chunk.keys, chunk.values) if hasattr(chunk, "keys") else (None, None)
+        return cls(list(chain.trans.exp().unbind(0)), None, ok, keys, values, num_symbols)
+
+    @classmethod
+    def from_scores(cls, gates: HopGates, chunk) -> "PositionTransitions":
+        S = gates.scores.shape[-1]
+        floor = underflow_floor(gates.scores.dtype)
+        full = chunk.full_mask()
+        real = None if chunk.mask is None else chunk.mask.to(gates.scores.dtype).unsqueeze(-2)
+        index = flat_index(chunk.values.unsqueeze(-1), chunk.keys.unsqueeze(-2), S)  # (c, N, N)
+        ok = torch.ones(len(chunk), dtype=torch.bool, device=full.device)
+        weights, normalisers = [], []
+        for table in gates.transition_weights:
+            weight = flat_gather(table, index)  # (c, N, N): W[i, j] = E[value_i, key_j]
+            weight = weight if real is None else weight * real
+            normaliser = weight.sum(-1)  # R[c, i]
+            ok &= ((normaliser >= floor) | ~full).all(-1)
+            weights.append(weight)
+            normalisers.append(normaliser)
+        divide = full & ok.unsqueeze(-1)  # failing rows and padding rows get R = 1
+        return cls(weights, [_inverse(r, divide) for r in normalisers], ok, chunk.keys, chunk.values, S)
+
+    def select(self, rows: torch.Tensor) -> "PositionTransitions":
+        inverse = None if self.inverse_normalisers is None else [r[rows] for r in self.inverse_normalisers]
+        keys = None if self.keys is None else self.keys[rows]
+        values = None if self.values is None else self.values[rows]
+        return PositionTransitions([w[rows] for w in self.weights], inverse, self.ok[rows], keys, values,
+                                   self.num_symbols)
+
+    def matrix(self, hop):
+        if self.inverse_normalisers is None:
+            return self.weights[hop]
+        return self.weights[hop] * self.inverse_normalisers[hop].unsqueeze(-1)
+
+    def forward(self, message, hop):
+        if self.inverse_normalisers is not None:
+            message = message * self.inverse_normalisers[hop]
+        return torch.bmm(message.unsqueeze(-2), self.weights[hop]).squeeze(-2)
+
+    def backward(self, message, hop):
+        message = torch.bmm(self.weights[hop], message.unsqueeze(-1)).squeeze(-1)
+        return message if self.inverse_normalisers is None else message * self.inverse_normalisers[hop]
+
+
+class PreparedChunk(NamedTuple):
+    """One chunk prepared for the recursion: its first-hop distribution, transitions and dense chain."""
+
+    obs: object
+    init: torch.Tensor  # (c, N) p(z_1 = i)
+    transitions: Transitions
+    chain: Optional[HopChain]  # the dense log factors when the route built them, else None
+
+
+def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
+    """The first-hop distribution and the transitions of ``chunk`` on ``route``.
+
+    On the position route with score tables, a chunk whose ``c N^2`` pairs are fewer than the ``S^2`` entries
+    of a table gathers its logits before exponentiating them (:func:`~.hop_gates.chain_from_scores`), rather
+    than exponentiating, and differentiating through, the whole ``(L - 1, S, S)`` table.
+    """
+    if route == "symbols":
+        init = first_hop_log_probs(gates.scores, chunk).exp()
+        return PreparedChunk(chunk, init, SymbolTransitions.build(gates, chunk), None)
+    if gates.scores is not None:
+        S, N = gates.scores.shape[-1], chunk.context_len
+        if gates.n_hops == 1 or len(chunk) * N * N >= S * S:
+            init = first_hop_log_probs(gates.scores, chunk).exp()
+            return PreparedChunk(chunk, init, PositionTransitions.from_scores(gates, chunk), None)
+        chain = chain_from_scores(gates.scores, chunk)
+    else:
+        chain = gates.dense_chain(chunk)
+    transitions = PositionTransitions.from_chain(chain, chunk, gates.num_symbols)
+    return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
+
+
+def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: float = 0.0) -> float:
+    """Working memory of one row of a chunk on ``route``, in bytes (a generous count of live tensors)."""
+    if route == "symbols":  # measured peaks at n = 200 000, N = 100, S = 50 were 1.5x the earlier, smaller count
+        elements = (5 * L + 9) * N + (6 * L + 3) * S
+    else:  # dense factors, their exponentials and the temporaries of a batched product or logsumexp
+        elements = (2 * max(L - 1, 1) + 3) * N * N + (3 * L + 4) * N
+    return (elements + extra) * itemsize + 8 * 4 * N  # int64 index tensors
+
+
+def rows_per_chunk(gates: HopGates, N: int, route: str, budget=None, extra: float = 0.0) -> int:
+    """Rows of ``N`` positions per chunk on ``route`` under the budget, with ``extra`` elements a row more."""
+    itemsize = gates.log_emission.element_size()
+    return rows_within_budget(bytes_per_row(route, gates.n_hops, N, gates.num_symbols, itemsize, extra), budget)
