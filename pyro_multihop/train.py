@@ -71,6 +71,7 @@ from pyro import poutine
 
 from . import distributed
 from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
+from .diagnostics import HeldOutDeclineWarning
 from .runs import BEST_CHECKPOINT_NAME, progress_bar
 
 __all__ = ["SVI_DEFAULTS", "OverfittingWarning", "TrainingInterrupted", "fit_svi", "split_validation", "svi_settings"]
@@ -663,8 +664,9 @@ def _check_optional_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-class OverfittingWarning(UserWarning):
-    """The held-out log-likelihood of the last parameters is clearly below its best during the run."""
+class OverfittingWarning(HeldOutDeclineWarning):
+    """The held-out log-likelihood of the last parameters is clearly below its best during the run (a
+    :class:`~pyro_multihop.diagnostics.HeldOutDeclineWarning` that names the best checkpoint)."""
 
 
 #: Nats per held-out observation below the best that :class:`OverfittingWarning` reports.

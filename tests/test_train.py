@@ -514,3 +514,10 @@ def test_length_groups_benchmark_smoke(tmp_path):
                     "--steps", "1", "--out", str(tmp_path)], check=True, capture_output=True, timeout=300)
     table = (tmp_path / "length_groups.md").read_text()
     assert "| 1 | 20 |" in table and "enumerated" in table and "collapsed" in table
+
+
+def test_the_overfitting_warning_is_a_held_out_decline_diagnostic():
+    from pyro_multihop.diagnostics import DiagnosticWarning, HeldOutDeclineWarning
+    from pyro_multihop.train import OverfittingWarning
+
+    assert issubclass(OverfittingWarning, HeldOutDeclineWarning) and issubclass(OverfittingWarning, DiagnosticWarning)
