@@ -8,7 +8,7 @@ from .distributions import CollapsedHopChain
 from .engine import HopGates, get_memory_budget, memory_budget, set_memory_budget
 from .hop_chain import HopChain, HopPosterior
 from .em import TiedEmbeddingVEM
-from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
+from .models import ChainedAttention, FactAttention, HopAttentionHead, TiedEmbeddingAttention, fact_chain_truth
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .train import SVI_DEFAULTS, TrainingInterrupted, fit_svi
 from . import datasets
@@ -34,6 +34,8 @@ __all__ = [
     "memory_budget",
     "HopAttentionHead",
     "ChainedAttention",
+    "FactAttention",
+    "fact_chain_truth",
     "TiedEmbeddingAttention",
     "TiedEmbeddingVEM",
     "ChainedEM",

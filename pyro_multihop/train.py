@@ -489,9 +489,7 @@ def fit_svi(
             raise TypeError(f"collapsed must be a bool, got {collapsed!r}")
         if collapsed and not callable(getattr(model, "collapsed_model", None)):
             raise TypeError(f"collapsed=True needs a head with a collapsed_model method, got {type(model).__name__}")
-        if not isinstance(obs, Observations):
-            raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
-        model.check_observations(obs)
+        model.check_observations(obs)  # the head says which data it takes (a TypeError naming obs otherwise)
         if val is not None:
             model.check_observations(val, "val")
     # Under a process group obs and val are this rank's shards; the counts are those of all shards.
