@@ -141,7 +141,9 @@ def main(argv=None) -> None:
         memory_grid = [(2, 30, n) for n in (5_000, 20_000, 80_000)]
         repeats = args.repeats
     speed = pd.DataFrame([speed_point(L, N, n, repeats) for L, N, n in speed_grid])
-    memory = pd.DataFrame([_memory_in_subprocess(L, N, n) for L, N, n in memory_grid])
+    # A fresh process a point, so that one point's peak does not hide the next (smoke: in this one, for speed).
+    measure = memory_point if args.smoke else _memory_in_subprocess
+    memory = pd.DataFrame([measure(L, N, n) for L, N, n in memory_grid])
     args.out.mkdir(parents=True, exist_ok=True)
     speed.to_csv(args.out / "facts_speed.csv", index=False)
     memory.to_csv(args.out / "facts_memory.csv", index=False)
