@@ -362,7 +362,7 @@ class FactAttention(HopAttentionHead):
         (L = 2, n = 4, N = 6): ``z_1`` value ``(6, 1)``, ``z_2`` value ``(6, 1, 1)``, ``target`` dist ``(6, 1, 4)``."""
         self.check_observations(obs)
         with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
-            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
+            batch = _rows(obs, index, subsample_size)
             first, later = self.hop_logits(batch)
             log_emission = self.emission_log_probs(batch)  # (c, N, S)
             rows = torch.arange(len(batch), device=batch.device)
@@ -377,10 +377,9 @@ class FactAttention(HopAttentionHead):
     def collapsed_model(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
         """The model with the hop path summed out by the engine: one site ``target ~ CollapsedHopChain``."""
         self.check_observations(obs)
-        gates = self.hop_gates()
         with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
-            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
-            pyro.sample("target", CollapsedHopChain(gates, batch), obs=batch.target)
+            batch = _rows(obs, index, subsample_size)
+            pyro.sample("target", CollapsedHopChain(self.hop_gates(), batch), obs=batch.target)
 
     @pyro_method
     def guide(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
@@ -393,6 +392,11 @@ class FactAttention(HopAttentionHead):
     def extra_repr(self) -> str:
         return (f"n_hops={self.n_hops}, num_fields={self.num_fields}, num_symbols={self.num_symbols}, "
                 f"max_question_len={self.max_question_len}, max_distance={self.max_distance}")
+
+
+def _rows(obs: FactObservations, index: torch.Tensor, subsample_size: Optional[int]) -> FactObservations:
+    """The plate's mini-batch of ``obs`` (all of it without subsampling)."""
+    return obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
 
 
 def _mix_logits(probs: torch.Tensor, size: int) -> torch.Tensor:
