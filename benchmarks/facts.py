@@ -7,9 +7,9 @@ Two tables, written to ``OUT/facts.md`` (and ``facts_speed.csv``, ``facts_memory
   term on) and for ``ChainedAttention(max_distance=D)`` (the chained head whose gate has position terms, so
   the engine runs its dense route on the head's ``(c, N, N)`` factors) at the same ``N`` and ``L``, on one
   thread, best of ``--repeats``; ``ratio`` = facts / chained.
-- **memory**: the working memory (peak resident set minus the resident set after the data is built) of
-  ``log_likelihood`` and ``predict_proba`` without gradients under a 32 MiB budget, for growing ``n``, each
-  in a fresh subprocess: flat in ``n`` when the chunking works.
+- **memory**: the working memory (peak resident set minus the resident set before the query, minus the
+  output) of ``log_likelihood`` and ``predict_proba`` without gradients under a 32 MiB budget, for growing
+  ``n``, each ``n`` in a fresh subprocess: flat in ``n`` when the chunking works.
 
 ``python benchmarks/facts.py --out benchmarks/results`` (``--smoke``: tiny sizes, for the tests).
 """
@@ -92,8 +92,25 @@ def speed_point(L: int, N: int, n: int, repeats: int) -> dict:
     return row
 
 
+def _status_kib(field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` of this process, in KiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _reset_peak() -> None:
+    """Reset the kernel's peak resident set (``VmHWM``); where it cannot, the peak only over-reports."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def memory_point(L: int, N: int, n: int) -> dict:
-    """In this process (run it in a fresh one): working memory of two queries, in MiB."""
+    """In this process (run it in a fresh one): the working memory of two queries, in MiB: peak resident set
+    minus the resident set before the query (data loaded, code warmed up on 16 rows) minus the output."""
     from pyro_multihop import memory_budget
 
     head, _ = make_heads(L, N)
@@ -101,13 +118,13 @@ def memory_point(L: int, N: int, n: int) -> dict:
     row = {"L": L, "N": N, "n": n}
     with memory_budget(32 * 2**20), torch.no_grad():
         for query in ("log_likelihood", "predict_proba"):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            getattr(head, query)(data[:64])  # allocator warm-up at the chunk size's order
-            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            getattr(head, query)(data[:16])
+            before = _status_kib("VmRSS")
+            _reset_peak()
             output = getattr(head, query)(data)
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            peak = _status_kib("VmHWM")
             output_mib = output.numel() * output.element_size() / 2**20
-            row[f"{query}_working_mib"] = max(peak - max(base, before), 0) / 1024 - output_mib
+            row[f"{query}_working_mib"] = (peak - before) / 1024 - output_mib
     return row
 
 
@@ -158,7 +175,7 @@ def main(argv=None) -> None:
         "",
         *markdown(speed),
         "",
-        "Working memory (MiB, peak resident set beyond the data and the output) under a 32 MiB budget:",
+        "Working memory (MiB: peak resident set beyond the data and the output) under a 32 MiB budget:",
         "",
         *markdown(memory),
         "",
