@@ -9,7 +9,8 @@ Two tables, written to ``OUT/facts.md`` (and ``facts_speed.csv``, ``facts_memory
   thread, best of ``--repeats``; ``ratio`` = facts / chained.
 - **memory**: the working memory (peak resident set minus the resident set before the query, minus the
   output) of ``log_likelihood`` and ``predict_proba`` without gradients under a 32 MiB budget, for growing
-  ``n``, each ``n`` in a fresh subprocess: flat in ``n`` when the chunking works.
+  ``n``, each ``n`` in a fresh subprocess (with ``MALLOC_TRIM_THRESHOLD_=0``, so that glibc returns freed
+  chunks and the peak counts live memory): flat in ``n`` when the chunking works.
 
 ``python benchmarks/facts.py --out benchmarks/results`` (``--smoke``: tiny sizes, for the tests).
 """
@@ -131,7 +132,9 @@ def memory_point(L: int, N: int, n: int) -> dict:
 def _memory_in_subprocess(L: int, N: int, n: int) -> dict:
     code = f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); " \
            f"import facts; print(json.dumps(facts.memory_point({L}, {N}, {n})))"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # glibc keeps freed chunk memory above its trim threshold, so without this the peak grows with the number of
+    # chunks for every head (the chained head's, measured the same way: 46 MiB at n = 5000, 103 MiB at 80 000).
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_TRIM_THRESHOLD_="0")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
