@@ -112,13 +112,27 @@ class _Chunk:
         self.fields = obs.facts.masked_fill(~self.real_fields, S)  # (c, N, F), padding -> S
         self.real_tokens = obs.real_tokens()  # (c, M)
         self.question = obs.question.masked_fill(~self.real_tokens, S)  # (c, M)
-        rank = self.real.long().cumsum(-1) - 1  # real facts before each fact
-        age = self.real.long().sum(-1, keepdim=True) - 1 - rank  # real facts after it
-        self.age = age.clamp(0, max_distance).to(dtype) / DISTANCE_UNIT  # (c, N)
-        offset = rank.unsqueeze(-1) - rank.unsqueeze(-2)  # (c, N_i, N_j): rank_i - rank_j
-        self.distance = offset.abs().clamp(max=max_distance).to(dtype) / DISTANCE_UNIT  # (c, N, N)
-        self.later = (offset < 0).to(dtype)  # [rank_j > rank_i]
+        # in floating point: integer (c, N, N) arithmetic is several times slower on CPUs
+        rank = self.real.to(dtype).cumsum(-1) - 1  # real facts before each fact
+        age = self.real.to(dtype).sum(-1, keepdim=True) - 1 - rank  # real facts after it
+        self.age = age.clamp(0, max_distance) / DISTANCE_UNIT  # (c, N)
+        self.rank = rank
+        self.max_distance = max_distance
+        self.num_symbols = num_symbols
+        self.by_rows = num_symbols + 1 <= self.fields.shape[1] * self.fields.shape[2]
         self.nearest = None
+        self._distance = None
+
+    def distance_and_later(self):
+        """``(min(|rank_j - rank_i|, D) / U, [rank_j > rank_i])``, both ``(c, N, N)`` (built on first use)."""
+        if self._distance is None:
+            offset = self.rank.unsqueeze(-2) - self.rank.unsqueeze(-1)  # (c, N_i, N_j): rank_j - rank_i
+            self._distance = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype))
+        return self._distance
+
+    def pair_index(self, a: int, b: int) -> torch.Tensor:
+        """``(c, N, N)`` flat index of ``(f_i^a, f_j^b)`` in an ``(S + 1, S + 1)`` table."""
+        return flat_index(self.fields[..., a].unsqueeze(-1), self.fields[..., b].unsqueeze(-2), self.num_symbols + 1)
 
 
 def nearest_sharing(fields: torch.Tensor, real_fields: torch.Tensor) -> torch.Tensor:
@@ -248,16 +262,28 @@ class FactAttention(HopAttentionHead):
             term = term + (weights * match).sum(-2)  # a (c, 1, M) x (c, M, N) bmm is slower for short M
         return term
 
-    def pair_term(self, hop: int, chunk: _Chunk, indices: list) -> torch.Tensor:
-        """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``,
-        one field pair at a time (``indices``: the flat ``(S+1, S+1)`` index of each pair, ``(c, N, N)``)."""
-        S = self.num_symbols
+    def pair_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+        """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
+
+        The equality weight is folded into the table (``+ w I``). While ``S + 1 <= F N`` (:meth:`_Chunk.by_rows`),
+        for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
+        ``f_j^b`` (``F`` gathers of ``(c, N, N)``); otherwise each field pair is one gather from its flat table
+        at a ``(c, N, N)`` index. Either way no ``(c, N, N, F, F)`` tensor."""
+        S, F = self.num_symbols, self.num_fields
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
         tables = _padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
-        term = 0.0
         # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
-        for table, index in zip(tables.flatten(0, 1).unbind(0), indices):
-            term = term + flat_gather(table, index)
+        by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)
+        term = 0.0
+        if chunk.by_rows:
+            c, N, _ = chunk.fields.shape
+            for b in range(F):
+                rows = sum(torch.nn.functional.embedding(chunk.fields[..., a], by_pair[a][b]) for a in range(F))
+                term = term + rows.gather(-1, chunk.fields[..., b].unsqueeze(-2).expand(c, N, N))
+            return term
+        for a in range(F):
+            for b in range(F):
+                term = term + flat_gather(by_pair[a][b], chunk.pair_index(a, b))
         return term
 
     def _by_previous(self, name: str, hop: int, chunk: _Chunk) -> torch.Tensor:
@@ -268,10 +294,11 @@ class FactAttention(HopAttentionHead):
     def order_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
         """``(c, N, N)``: age, offset and direction, with slopes that depend on the previous fact ``i``."""
         k = hop - 1
+        distance, later = chunk.distance_and_later()
         age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.age.unsqueeze(-2)
-        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.distance
-        later = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.later
-        return age + offset + later
+        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1) * distance
+        forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1) * later
+        return age + offset + forward
 
     def nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
@@ -295,12 +322,8 @@ class FactAttention(HopAttentionHead):
         first = self.question_term(0, chunk) + self.age_slopes[0] * chunk.age
         first = first.masked_fill(~chunk.real, MASKED_LOGIT)
         later = []
-        if self.n_hops > 1:
-            F, S = self.num_fields, self.num_symbols
-            indices = [flat_index(chunk.fields[..., a].unsqueeze(-1), chunk.fields[..., b].unsqueeze(-2), S + 1)
-                       for a in range(F) for b in range(F)]
         for hop in range(1, self.n_hops):
-            logits = self.question_term(hop, chunk).unsqueeze(-2) + self.pair_term(hop, chunk, indices)
+            logits = self.question_term(hop, chunk).unsqueeze(-2) + self.pair_term(hop, chunk)
             logits = self.nearest_term(hop, chunk, logits + self.order_term(hop, chunk))
             later.append(logits.masked_fill(column_mask, MASKED_LOGIT))
         return first, later

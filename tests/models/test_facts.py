@@ -233,3 +233,20 @@ def test_checkpoint_and_resume(tmp_path):
     restored, state = load_checkpoint(save_checkpoint(tmp_path / "head.pt", straight, step=6))
     assert isinstance(restored, FactAttention) and restored.config() == straight.config() and state["step"] == 6
     assert torch.equal(restored.log_likelihood(obs), straight.log_likelihood(obs))
+
+
+def test_the_flat_pair_route_for_large_vocabularies():
+    """S + 1 > F N: each field pair is a flat gather (the other route of pair_term), still exact."""
+    head = oracle.random_fact_head(2, F, 14, P, seed=8)
+    obs = oracle.random_fact_observations(2, N, F, M, 14, seed=9)
+    assert not head._chunk(obs).by_rows
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
+    tables, _ = oracle.path_tables(head, obs, params)
+    expected = oracle.log_likelihood(tables)
+    expected.sum().backward()
+    got = head.log_likelihood(obs)
+    got.sum().backward()
+    assert torch.allclose(got, expected, atol=1e-9, rtol=0)
+    for name, parameter in head.named_parameters():
+        want = params[name].grad if params[name].grad is not None else torch.zeros_like(parameter)  # a term these rows never meet
+        assert torch.allclose(parameter.grad, want, atol=1e-9, rtol=0), name
