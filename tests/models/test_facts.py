@@ -250,3 +250,13 @@ def test_the_flat_pair_route_for_large_vocabularies():
     for name, parameter in head.named_parameters():
         want = params[name].grad if params[name].grad is not None else torch.zeros_like(parameter)  # a term these rows never meet
         assert torch.allclose(parameter.grad, want, atol=1e-9, rtol=0), name
+
+
+def test_the_collapsed_distribution_scores_any_target():
+    from pyro_multihop import CollapsedHopChain
+
+    head, obs = _setting(2, seed=4)
+    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    other = (obs.target + 1) % S
+    assert torch.allclose(distribution.log_prob(other), head.log_likelihood(obs.with_target(other)), atol=1e-12)
+    assert not torch.allclose(distribution.log_prob(other), distribution.log_prob(obs.target))
