@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "chained_loss.py", "pyro_overhead.py", "em_vs_numpy.py", "svi_stability.py", "engine.py", "distributed.py", "threads.py",
     "gpu.py",
+    "facts.py", "facts_learning.py",
 ]
 
 

@@ -16,7 +16,7 @@ __all__ = ["GateCategorical", "TableCategorical", "CollapsedHopChain"]
 
 
 class GateCategorical(dist.Categorical):
-    """``Categorical(logits=logits)`` over context positions, normalised by :func:`~pyro_multihop.gates.log_normalize`.
+    """``Categorical(logits=logits)`` over context positions, normalised by :func:`~pyro_multihop.gate_ops.log_normalize`.
 
     A plain ``Categorical`` normalises as ``logits - logits.logsumexp(-1)``; the gate of an enumerated hop
     is ``(N, n, N)``, and for ``N >= 16`` positions one ``log_softmax`` kernel does the same in half the
@@ -171,6 +171,8 @@ class CollapsedHopChain(TorchDistribution):
         context = self.context
         if value is context.target:
             return context
+        if not isinstance(context, Observations):  # another data class (FactObservations) swaps its own target
+            return context.with_target(value)
         # The context was validated when it was built; ``log_prob`` checks ``value`` against the support when
         # validation is on. No second validation (and no host synchronisation) per call.
         return Observations.trusted(context.keys, context.values, context.query, value.long(), context.mask)

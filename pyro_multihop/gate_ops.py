@@ -3,7 +3,7 @@
 Every gate in this library is a gather from a small ``(S, S)`` score table followed by a normalisation
 over the ``N`` context positions. Under enumeration the gathered tensor is ``(N, n, N)``, so these two
 steps are most of the work of a loss; they live here so that the enumerated Pyro model and the fused
-forward recursion (:mod:`pyro_multihop.hop_chain`) use the same, measured, implementation.
+forward recursion (:mod:`pyro_multihop.engine.log_space`) use the same, measured, implementation.
 ``benchmarks/chained_loss.py`` times both.
 """
 
@@ -22,7 +22,7 @@ SHORT_ROW = 16
 def log_normalize(logits: torch.Tensor) -> torch.Tensor:
     """``log_softmax`` over the last dim, by whichever of two exact forms is faster for the row length.
 
-    :param logits: ``(..., N)`` finite logits (padding at :data:`~pyro_multihop.hop_chain.MASKED_LOGIT`).
+    :param logits: ``(..., N)`` finite logits (padding at :data:`~pyro_multihop.engine.log_space.MASKED_LOGIT`).
     :returns: ``(..., N)`` normalised log-probabilities.
     """
     if logits.shape[-1] < SHORT_ROW:

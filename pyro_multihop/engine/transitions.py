@@ -379,4 +379,5 @@ def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: floa
 def rows_per_chunk(gates: HopGates, N: int, route: str, budget=None, extra: float = 0.0) -> int:
     """Rows of ``N`` positions per chunk on ``route`` under the budget, with ``extra`` elements a row more."""
     itemsize = gates.log_emission.element_size()
+    extra = extra + (0.0 if gates.extra_elements is None else gates.extra_elements(N))
     return rows_within_budget(bytes_per_row(route, gates.n_hops, N, gates.num_symbols, itemsize, extra), budget)

@@ -68,7 +68,7 @@ def onehot_gate_logits(
     :param key_table: ``(S, S)``; row ``K[k]`` is the key vector of symbol ``k``.
     :param keys: ``(*batch, N)`` key symbols. :param query: ``(*batch)`` query symbols (batch dims
         broadcast, e.g. keys ``(n, N)`` with an enumerated query ``(E, n)``).
-    :param mask: ``(*batch, N)`` bool or None; padding gets :data:`~pyro_multihop.hop_chain.MASKED_LOGIT`.
+    :param mask: ``(*batch, N)`` bool or None; padding gets :data:`~pyro_multihop.engine.log_space.MASKED_LOGIT`.
     :returns: ``(*batch, N)``.
     """
     # ||onehot(v) - K[k]||^2 = 1 - 2 K[k, v] + ||K[k]||^2; the 1 drops out of the softmax. The (S, S) score
