@@ -95,8 +95,8 @@ def scan_private_uses(root: Path) -> set:
 
 
 def _skipped_lines(tree: ast.AST) -> set:
-    """Line numbers (1-based) of docstrings, function signatures and ``__all__`` lists: repeating a parameter
-    list or a docstring table is not repeating code."""
+    """Line numbers (1-based) of docstrings, function signatures, imports and ``__all__`` lists: repeating a
+    parameter list, an import list or a docstring table is not repeating code."""
     skipped = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -105,6 +105,8 @@ def _skipped_lines(tree: ast.AST) -> set:
                 skipped.update(range(first.lineno, first.end_lineno + 1))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             skipped.update(range(node.lineno, node.body[0].lineno))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):  # shared imports are not shared logic
+            skipped.update(range(node.lineno, node.end_lineno + 1))
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             skipped.update(range(node.lineno, node.end_lineno + 1))
     return skipped
