@@ -64,8 +64,9 @@ __all__ = [
     "fact_matches",
 ]
 
-#: The en 1k files of tasks 1-3 shipped with the repository (``data/babi/en`` at its root).
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "babi" / "en"
+#: The en 1k files of tasks 1, 2, 3 and 11-16, shipped inside the package (``datasets/babi_data/en``), so
+#: that they load from an installed wheel too.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "babi_data" / "en"
 #: Statements kept before a question (MemN2N's memory size).
 DEFAULT_MEMORY = 50
 UNKNOWN = "<unk>"
