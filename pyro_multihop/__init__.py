@@ -2,6 +2,7 @@
 
 from . import engine
 from .data import DataError, Observations, chain_task, induction_task, transitive_task
+from .fact_data import FactObservations, fact_chain_task, fact_chain_vocabulary
 from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
 from .distributions import CollapsedHopChain
 from .engine import HopGates, get_memory_budget, memory_budget, set_memory_budget
@@ -20,6 +21,9 @@ __all__ = [
     "chain_task",
     "transitive_task",
     "induction_task",
+    "FactObservations",
+    "fact_chain_task",
+    "fact_chain_vocabulary",
     "HopChain",
     "HopPosterior",
     "engine",
