@@ -141,6 +141,18 @@ class Observations:
             None if self.mask is None else self.mask.to(device),
         )
 
+    def context_lengths(self) -> torch.Tensor:
+        """``(n,)`` LongTensor: each row's last real position + 1 (``N`` for a row without padding)."""
+        if self.mask is None:
+            return torch.full((len(self),), self.context_len, dtype=torch.long, device=self.device)
+        return self.mask.long().cumsum(-1).argmax(-1) + 1
+
+    def truncate_context(self, width: int) -> "Observations":
+        """The first ``width`` context positions of every row: the same observations for rows whose
+        :meth:`context_lengths` are at most ``width`` (padding is never attended)."""
+        mask = None if self.mask is None else self.mask[:, :width]
+        return Observations(self.keys[:, :width], self.values[:, :width], self.query, self.target, mask)
+
     def full_mask(self) -> torch.Tensor:
         """The mask as a ``(n, N)`` bool tensor, all True when there is no padding."""
         if self.mask is None:
