@@ -83,7 +83,7 @@ def _data_path(text: str) -> Path:
 
 #: Torch threads of each command when --threads is not given, from benchmarks/threads.py: on the library's
 #: small tensors a second intra-op thread costs more in synchronisation than it computes (see docs/threads.md).
-DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1}
+DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1, "qa": 1}
 
 
 def _add_threads(command: argparse.ArgumentParser, name: str) -> None:
@@ -204,8 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .datasets.babi_run import add_babi_parser
 
     babi = add_babi_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
+    from .experiments.qa_command import add_qa_parser
+
+    qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
     for name, command in (("simulate", simulate), ("train", train), ("evaluate", evaluate), ("predict", predict),
-                          ("inspect", inspect), ("babi", babi)):
+                          ("inspect", inspect), ("babi", babi), ("qa", qa)):
         _add_threads(command, name)
     return parser
 
@@ -655,8 +658,14 @@ def _set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def _qa(args) -> int:
+    from .experiments.qa_command import qa_command
+
+    return qa_command(args)
+
+
 _COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect,
-             "babi": _babi}
+             "babi": _babi, "qa": _qa}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
