@@ -6,11 +6,14 @@ question-answer pairs alone, the same settings for every task; hops = the task's
 facts. One thread per run, runs one after the other. After every run the tables ``{name}.csv`` and
 ``{name}.md`` under ``--out`` are rewritten (so an interrupted run leaves the finished rows), beside the
 published numbers; each run's ``results.json``, ``predictions.jsonl``, figure and checkpoint go under
-``--out/babi_runs/``::
+``--out/babi_facts_runs/`` (``--out/babi_runs/`` with ``--encoding positions``)::
 
     python benchmarks/babi.py --out benchmarks/results                                   # nine tasks, 1k
     python benchmarks/babi.py --out benchmarks/results --ten-k /work/shared/babi/en-10k  # + the 10k files
     python benchmarks/babi.py --smoke --out /tmp/babi                                    # tiny, for the tests
+
+``--encoding positions`` runs the chained head instead (``pyro_multihop.experiments.babi.run_babi``, two
+(key, value) positions a statement), the encoding of docs/babi.md's earlier tables.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pyro_multihop.experiments.babi import run_babi
 from pyro_multihop.experiments.qa import run_babi_facts
 
 HERE = Path(__file__).resolve().parent
@@ -66,7 +70,7 @@ def write_tables(rows: list, out: Path, name: str, settings: str) -> None:
             f"{percent(row['fact_accuracy'])} | {row['seconds']:.0f} | {memn2n} | {goal} |"
         )
     (out / f"{name}.md").write_text(
-        "# bAbI with the structured-facts head (test files, 1000 questions each)\n\n"
+        "# bAbI (test files, 1000 questions each)\n\n"
         f"`python benchmarks/babi.py`, {settings}; trained on answers alone, one thread, one seed (0); "
         "training time in wall-clock seconds on a shared machine.\n\n" + "\n".join(lines) + "\n"
     )
@@ -82,27 +86,36 @@ def main(argv=None) -> int:
     parser.add_argument("--ten-k-tasks", type=int, nargs="*", default=list(TEN_K_TASKS))
     parser.add_argument("--ten-k-only", action="store_true", help="only the 10k runs")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
-    parser.add_argument("--name", default="babi_facts", help="stem of the table files (default: babi_facts)")
+    parser.add_argument("--encoding", choices=["facts", "positions"], default="facts",
+                        help="facts: the structured-facts head (default); positions: the chained head")
+    parser.add_argument("--name", default=None, help="stem of the table files (default: babi_facts / babi)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [] if args.ten_k_only else [(task, None) for task in args.tasks]
     if args.ten_k is not None:
         runs += [(task, args.ten_k) for task in args.ten_k_tasks]
-    settings = "smoke: 5 steps, 50 questions" if args.smoke else "the head's SVI defaults (FactAttention.svi_defaults)"
+    name = args.name or {"facts": "babi_facts", "positions": "babi"}[args.encoding]
+    run = run_babi_facts if args.encoding == "facts" else run_babi
+    settings = {"facts": "FactAttention with its SVI defaults (FactAttention.svi_defaults)",
+                "positions": "ChainedAttention(max_distance) with experiments.babi.BABI_SVI"}[args.encoding]
+    if args.smoke:
+        settings += ", smoke: 5 steps, 50 questions"
     rows = []
     for task, train_dir in runs:
         for hops in args.hops or [TASK_HOPS[task]]:
-            name = f"task{task}_L{hops}" + ("_10k" if train_dir else "")
+            run_name = f"task{task}_L{hops}" + ("_10k" if train_dir else "")
             options = dict(steps=5, max_train=50) if args.smoke else {}
             if train_dir is not None and not args.smoke:
                 options["batch_size"] = 1000  # the work of one full 1k batch per step
             started = time.perf_counter()
-            result = run_babi_facts(task, args.out / "babi_runs" / name, train_dir=train_dir, hops=hops,
-                                    overwrite=True, **options)
-            result.update({"train_set": "10k" if train_dir else "1k", "wall_seconds": time.perf_counter() - started})
+            result = run(task, args.out / f"{name}_runs" / run_name, train_dir=train_dir, hops=hops, overwrite=True,
+                         **options)
+            seconds = result.get("seconds", result.get("train_seconds"))
+            result.update({"train_set": "10k" if train_dir else "1k", "seconds": seconds,
+                           "wall_seconds": time.perf_counter() - started})
             print(json.dumps(result), flush=True)
             rows.append(result)
-            write_tables(rows, args.out, args.name, settings)
+            write_tables(rows, args.out, name, settings)
     return 0
 
 

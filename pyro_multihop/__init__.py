@@ -1,50 +1,66 @@
-"""pyro-multihop: chained (multi-hop) responsibility attention as a probabilistic model, in Pyro."""
+"""pyro-multihop: chained (multi-hop) responsibility attention as a probabilistic model, in Pyro.
 
-from . import engine
-from .data import DataError, Observations, chain_task, induction_task, transitive_task
-from .fact_data import FactObservations, fact_chain_task, fact_chain_vocabulary
-from .em import ChainedEM, ConvergenceWarning, EMResult, SufficientStats
-from .distributions import CollapsedHopChain
-from .engine import HopGates, get_memory_budget, memory_budget, set_memory_budget
-from .hop_chain import HopChain, HopPosterior
-from .em import TiedEmbeddingVEM
-from .models import ChainedAttention, HopAttentionHead, TiedEmbeddingAttention
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .train import SVI_DEFAULTS, TrainingInterrupted, fit_svi
-from . import datasets
+Names are imported on first use (PEP 562 ``__getattr__``), so that ``import pyro_multihop`` and the command's
+``--help`` do not load torch and Pyro until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Observations",
-    "DataError",
-    "chain_task",
-    "transitive_task",
-    "induction_task",
-    "FactObservations",
-    "fact_chain_task",
-    "fact_chain_vocabulary",
-    "HopChain",
-    "HopPosterior",
-    "engine",
-    "HopGates",
-    "CollapsedHopChain",
-    "get_memory_budget",
-    "set_memory_budget",
-    "memory_budget",
-    "HopAttentionHead",
-    "ChainedAttention",
-    "TiedEmbeddingAttention",
-    "TiedEmbeddingVEM",
-    "ChainedEM",
-    "ConvergenceWarning",
-    "EMResult",
-    "SufficientStats",
-    "fit_svi",
-    "SVI_DEFAULTS",
-    "TrainingInterrupted",
-    "save_checkpoint",
-    "load_checkpoint",
-    "datasets",
-    "CheckpointError",
-]
+#: Public name -> the module (relative to this package) that defines it.
+_EXPORTS = {
+    "Observations": ".data",
+    "DataError": ".data",
+    "chain_task": ".data",
+    "transitive_task": ".data",
+    "induction_task": ".data",
+    "FactObservations": ".fact_data",
+    "fact_chain_task": ".fact_data",
+    "fact_chain_vocabulary": ".fact_data",
+    "HopChain": ".hop_chain",
+    "HopPosterior": ".hop_chain",
+    "HopGates": ".engine",
+    "CollapsedHopChain": ".distributions",
+    "get_memory_budget": ".engine",
+    "set_memory_budget": ".engine",
+    "memory_budget": ".engine",
+    "HopAttentionHead": ".models",
+    "ChainedAttention": ".models",
+    "TiedEmbeddingAttention": ".models",
+    "TiedEmbeddingVEM": ".em",
+    "ChainedEM": ".em",
+    "ConvergenceWarning": ".em",
+    "EMResult": ".em",
+    "SufficientStats": ".em",
+    "fit_svi": ".train",
+    "SVI_DEFAULTS": ".train",
+    "TrainingInterrupted": ".train",
+    "OverfittingWarning": ".train",
+    "save_checkpoint": ".checkpoint",
+    "load_checkpoint": ".checkpoint",
+    "CheckpointError": ".checkpoint",
+    "prepare_run_dir": ".runs",
+}
+
+#: Sub-modules available as attributes (``pyro_multihop.engine``, ``pyro_multihop.datasets``).
+_SUBMODULES = ("engine", "datasets")
+
+__all__ = list(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

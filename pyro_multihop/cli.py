@@ -28,11 +28,8 @@ import os
 import signal
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
-
-from . import distributed
 
 __all__ = ["main"]
 
@@ -74,6 +71,9 @@ _positive_float = _number_parser(float, "a positive number", lambda value: math.
 _nonnegative_float = _number_parser(float, "a non-negative number", lambda value: math.isfinite(value) and value >= 0)
 
 
+_fraction = _number_parser(float, "a number between 0 and 1", lambda value: 0 < value < 1)
+
+
 def _data_path(text: str) -> Path:
     path = Path(text)
     if path.suffix not in (".csv", ".parquet"):
@@ -83,7 +83,11 @@ def _data_path(text: str) -> Path:
 
 #: Torch threads of each command when --threads is not given, from benchmarks/threads.py: on the library's
 #: small tensors a second intra-op thread costs more in synchronisation than it computes (see docs/threads.md).
-DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1, "qa": 1}
+DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1, "paths": 1, "qa": 1}
+
+#: Defaults of ``babi`` shown in its --help without importing torch: ``experiments.babi.BABI_SVI`` and
+#: ``datasets.babi.DEFAULT_MEMORY`` (tests/test_cli.py checks that they agree).
+BABI_DEFAULTS = {"num_steps": 200, "lr": 0.1, "memory": 50}
 
 
 def _add_threads(command: argparse.ArgumentParser, name: str) -> None:
@@ -99,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Chained (multi-hop) attention heads: simulate tasks, train by SVI or EM, evaluate, "
-        "predict, inspect.",
+        "predict, inspect, list hop paths, run bAbI.",
         epilog=f"Run '{PROG} COMMAND --help' for the options of a command.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details (INFO level)")
@@ -126,11 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="fit a head by SVI or EM; write checkpoint, metrics and figures",
         description="Fit a head to a data file. Writes OUT/checkpoint.pt (configuration, parameters, "
-        "optimiser and training state), OUT/metrics.csv (one row per logged step or EM iteration), "
-        "OUT/loss.png, OUT/accuracy.png (with --val) and OUT/summary.json.",
+        "optimiser and training state), OUT/best.pt (SVI with held-out data: the parameters of the best held-out "
+        "log-likelihood), OUT/metrics.csv (one row per logged step or EM iteration), OUT/loss.png, "
+        "OUT/accuracy.png (with held-out data) and OUT/summary.json. An OUT that holds a checkpoint is refused "
+        "unless --resume or --overwrite.",
     )
     train.add_argument("--data", type=_data_path, required=True, help="training data (.csv or .parquet)")
-    train.add_argument("--val", type=_data_path, default=None, help="held-out data, evaluated while training")
+    train.add_argument("--val", "--valid", dest="val", type=_data_path, default=None,
+                       help="held-out data, evaluated at every logged step; the best parameters go to OUT/best.pt")
+    train.add_argument("--valid-fraction", type=_fraction, default=None,
+                       help="instead of --val: hold out this share of --data (rows drawn by --seed)")
+    train.add_argument("--patience", type=_positive_int, default=None,
+                       help="SVI early stopping: stop after this many evaluations without a better held-out "
+                       "log-likelihood (needs --val or --valid-fraction)")
     train.add_argument("--model", choices=["chained", "tied"], default="chained",
                        help="chained: one-hot key tables (exact); tied: latent tied embeddings (default: chained)")
     train.add_argument("--method", choices=["svi", "em"], default="svi",
@@ -158,10 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=_positive_int, default=None,
                        help="SVI steps between checkpoints (default: a tenth of the steps)")
     train.add_argument("--resume", action="store_true", help="continue an SVI run from OUT/checkpoint.pt if it exists")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the run in OUT if it holds a checkpoint (without it, or --resume, OUT is refused)")
     train.add_argument("--jit", action="store_true", help="use JitTraceEnum_ELBO for the SVI loss")
     train.add_argument("--collapsed", action="store_true",
                        help="SVI on the collapsed model (hop path summed out by the engine; same loss, faster)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress display (a bar on a terminal, otherwise a line at each tenth of the steps and every 10 s)")
     train.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
 
     evaluate = commands.add_parser(
@@ -201,14 +216,68 @@ def build_parser() -> argparse.ArgumentParser:
                          help="rows of --data whose hop marginals to draw (default: 0 1 2)")
     inspect.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
 
-    from .datasets.babi_run import add_babi_parser
-
-    babi = add_babi_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
+    babi = commands.add_parser(
+        "babi",
+        help="train and evaluate on a bAbI task; write results.json and a hop-posterior figure",
+        description="Train the structured-facts head (--encoding facts, the default; docs/qa.md) or a chained head "
+        "(--encoding positions) on a bAbI task's training file (question-answer pairs only), evaluate "
+        "it on the task's test file and write OUT/results.json (answer_accuracy, fact_accuracy, n_test, task, "
+        "hops, ...), OUT/checkpoint.pt (with the vocabulary) and OUT/hop_posteriors.png (posterior hop "
+        "marginals of the first test questions). Pick --hops per task: the number of supporting facts a "
+        "question needs (task 1: 1, task 2: 2, task 3: 3), which is the default. An OUT that holds a "
+        "checkpoint is refused unless --overwrite.",
+    )
+    babi.add_argument("--task", type=_positive_int, required=True, help="bAbI task number (1-20)")
+    babi.add_argument("--data-dir", type=Path, default=None,
+                      help="directory with the qa*_train/test.txt files (default: the shipped en 1k files)")
+    babi.add_argument("--train-dir", type=Path, default=None,
+                      help="directory of the training file if not --data-dir (e.g. .../en-10k)")
+    babi.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+    babi.add_argument("--overwrite", action="store_true", help="replace the run in --out if it holds a checkpoint")
+    babi.add_argument("--hops", type=_positive_int, default=None,
+                      help="number of hops L; pick it per task (task 1: 1, task 2: 2, task 3: 3) (default: the most "
+                      "supporting facts of a training question, which is that number)")
+    babi.add_argument("--method", choices=["svi", "em"], default="svi",
+                      help="svi (with the age/offset gate terms) or em (closed-form EM, content-only gate) (default: svi)")
+    babi.add_argument("--steps", type=_positive_int, default=None,
+                      help=f"SVI steps or EM iterations (default: {BABI_DEFAULTS['num_steps']} / 50)")
+    babi.add_argument("--lr", type=_positive_float, default=None,
+                      help=f"SVI learning rate (default: {BABI_DEFAULTS['lr']})")
+    babi.add_argument("--batch-size", type=_positive_int, default=None, help="questions per SVI step (default: all)")
+    babi.add_argument("--memory", type=_positive_int, default=BABI_DEFAULTS["memory"],
+                      help=f"statements kept before each question (default: {BABI_DEFAULTS['memory']})")
+    babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")
+    babi.add_argument("--sigma2", type=_positive_float, default=0.1, help="gate variance (default: 0.1)")
+    babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    babi.add_argument("--no-progress", action="store_true", help="no progress display")
+    babi.add_argument("--encoding", choices=["facts", "positions"], default="facts",
+                      help="facts: every statement a fact of its tokens, the structured-facts head (SVI only); "
+                      "positions: two (key, value) positions a statement, the chained head (default: facts)")
     from .experiments.qa_command import add_qa_parser
 
     qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
+
+    paths = commands.add_parser(
+        "paths",
+        help="CSV or JSON Lines of the k best hop paths of every row, with what each hop attends",
+        description="For each row of a data file: the k most probable hop paths given the target (best first) "
+        "with their posterior probabilities and the attended key:value (words when the checkpoint has a "
+        "vocabulary) at each hop, the entropy of the path posterior in nats, and optionally paths drawn from "
+        "the posterior. Runs in chunks of --chunk rows and streams to --out (.csv or .jsonl).",
+    )
+    paths.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train or babi")
+    paths.add_argument("--data", type=_data_path, required=True, help="data file (.csv or .parquet) with targets")
+    paths.add_argument("--out", type=Path, required=True, help="output file, .csv or .jsonl")
+    paths.add_argument("-k", "--k", type=_positive_int, default=3, help="paths per row (default: 3)")
+    paths.add_argument("--samples", type=_nonnegative_int, default=0,
+                       help="also draw this many paths per row from the posterior (default: 0)")
+    paths.add_argument("--seed", type=int, default=0, help="seed of the posterior samples (default: 0)")
+    paths.add_argument("--chunk", type=_positive_int, default=4096, help="rows per chunk (default: 4096)")
+    paths.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    paths.add_argument("--no-progress", action="store_true", help="no progress display")
+
     for name, command in (("simulate", simulate), ("train", train), ("evaluate", evaluate), ("predict", predict),
-                          ("inspect", inspect), ("babi", babi), ("qa", qa)):
+                          ("inspect", inspect), ("babi", babi), ("paths", paths), ("qa", qa)):
         _add_threads(command, name)
     return parser
 
@@ -228,51 +297,39 @@ def _device(text: str):
     return device
 
 
-def _read_frame(path: Path, shard: Optional[tuple] = None):
-    import pandas as pd
-
-    from .data import read_frame
-
-    if not path.is_file():
-        raise CommandError(f"data file {str(path)!r} does not exist")
-    try:
-        if shard is not None:
-            return read_frame(path, shard)  # may be empty: a process with no rows of the file
-        frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
-    except ImportError as error:
-        raise CommandError(f"cannot read {str(path)!r}: {error}") from None
-    except Exception as error:  # pandas and pyarrow raise many types for damaged files
-        raise CommandError(f"cannot read data file {str(path)!r}: {_first_line(error)}") from None
-    if len(frame) == 0:
-        raise CommandError(f"data file {str(path)!r} holds no observations")
-    return frame
-
-
-def _load_data(path: Path, require_target: bool = True, shard: Optional[tuple] = None):
-    """``(Observations, has_target)`` from a data file (only rows of ``shard = (rank, world_size)`` if
-    given); without a target column the targets are 0."""
+def _load_data(path: Path, shard: Optional[tuple] = None):
+    """:meth:`Observations.load` of a data file (only rows of ``shard = (rank, world_size)`` if given), its
+    errors as one line naming the file (and the line of a bad .csv cell)."""
     from .data import Observations
 
-    frame = _read_frame(path, shard)
-    has_target = "target" in frame.columns
-    if not has_target:
-        if require_target:
-            raise CommandError(f"data file {str(path)!r} must have a column 'target'")
-        frame = frame.assign(target=0)
-    try:
-        if len(frame) == 0:
-            return Observations._empty(frame), has_target
-        return Observations.from_dataframe(frame), has_target
-    except (ValueError, TypeError) as error:
-        where = _csv_line(error, path)
-        raise CommandError(f"data file {str(path)!r}: {error}{where}") from None
+    with _data_errors(path):
+        return Observations.load(path, shard)
 
 
-def _csv_line(error: Exception, path: Path) -> str:
-    """`` (line L of the file)`` for a bad cell of a .csv file: rows count from 0 after the header line."""
+def _load_context(path: Path):
+    """``(Observations, has_target)`` of a data file whose target column is optional (0 where absent)."""
+    from .data import Observations, read_frame
+
+    with _data_errors(path):
+        frame = read_frame(path)
+        has_target = "target" in frame.columns
+        return Observations.from_dataframe(frame if has_target else frame.assign(target=0)), has_target
+
+
+@contextlib.contextmanager
+def _data_errors(path: Path):
     from .data import DataError
 
-    return f" (line {error.row + 2} of the file)" if isinstance(error, DataError) and path.suffix == ".csv" else ""
+    try:
+        yield
+    except DataError as error:
+        where = f" (line {error.row + 2} of the file)" if path.suffix == ".csv" else ""
+        raise CommandError(f"data file {str(path)!r}: {error}{where}") from None
+    except ImportError as error:
+        raise CommandError(f"cannot read {str(path)!r}: {error}") from None
+    except (ValueError, TypeError, OSError, KeyError) as error:  # pandas raises many types for damaged files
+        text = _first_line(error)
+        raise CommandError(text if str(path) in text else f"data file {str(path)!r}: {text}") from None
 
 
 def _load_checkpoint(path: Path, device):
@@ -286,7 +343,23 @@ def _check_fits(model, obs, path: Path):
     try:
         model.check_observations(obs)
     except (ValueError, TypeError) as error:
-        raise CommandError(f"data file {str(path)!r} does not fit the checkpoint's model: {error}") from None
+        raise CommandError(f"data file {str(path)!r} does not fit the checkpoint's model: {error}"
+                           f"{_vocabulary_hint(error)}") from None
+
+
+def _vocabulary_hint(error: Exception) -> str:
+    """A hint for data with symbols beyond a trained vocabulary: the vocabulary is fixed by training."""
+    text = str(error)
+    if "num_symbols" in text or "num_targets" in text:
+        return ("; the vocabulary is fixed when a model is trained (by default the largest symbol of the training "
+                "file + 1): retrain with train --symbols S (and --targets T) large enough for every file")
+    return ""
+
+
+def _vocabulary(state: dict) -> Optional[dict]:
+    """The checkpoint's words ``{"symbols": [...], "targets": [...]}``, or None."""
+    vocabulary = state.get("vocabulary") or (state.get("extra") or {}).get("vocabulary")
+    return vocabulary or None
 
 
 def _first_line(error: BaseException) -> str:
@@ -313,6 +386,17 @@ def _save_figure(figure, path: Path) -> Path:
     return path
 
 
+def _run_dir(args, resumable: bool = True) -> Path:
+    """``--out`` checked (:func:`~pyro_multihop.runs.prepare_run_dir`), as a CommandError."""
+    from .runs import RunDirError, prepare_run_dir
+
+    try:
+        return prepare_run_dir(args.out, resume=getattr(args, "resume", False), overwrite=args.overwrite,
+                               resumable=resumable, create=False)
+    except RunDirError as error:
+        raise CommandError(str(error)) from None
+
+
 # -- commands ------------------------------------------------------------------------------------------------
 def _simulate(args) -> int:
     from .data import chain_task, induction_task, transitive_task
@@ -336,10 +420,8 @@ def _build_head(args, num_symbols: int, num_targets: int):
 
         sigma2 = 0.1 if args.sigma2 is None else args.sigma2
         return ChainedAttention(args.hops, num_symbols, num_targets, sigma2, seed=args.seed)
-    try:
-        from .models.tied import TiedEmbeddingAttention
-    except ImportError as error:
-        raise CommandError(f"--model tied is not available: {error}") from None
+    from .models.tied import TiedEmbeddingAttention
+
     sigma2 = 0.3 if args.sigma2 is None else args.sigma2
     return TiedEmbeddingAttention(num_symbols, args.embed_dim, num_targets, n_hops=args.hops, sigma2=sigma2, seed=args.seed)
 
@@ -348,20 +430,27 @@ def _check_method_options(args, device) -> None:
     """Options that do not apply to the method, before any process reads data (each would say so)."""
     import torch
 
+    if args.val is not None and args.valid_fraction is not None:
+        raise CommandError("give --val or --valid-fraction, not both")
+    if args.patience is not None and args.val is None and args.valid_fraction is None:
+        raise CommandError("--patience needs held-out data: --val FILE or --valid-fraction F")
     if args.method != "em":
         return
-    svi_only = args.batch_size is not None or args.resume or args.jit or args.collapsed
+    svi_only = args.batch_size is not None or args.resume or args.jit or args.collapsed or args.patience is not None
     if args.model == "chained" and (svi_only or args.lr is not None):
-        raise CommandError("--batch-size, --lr, --resume, --jit and --collapsed apply to --method svi only")
+        raise CommandError("--batch-size, --lr, --resume, --jit, --collapsed and --patience apply to --method svi only")
     if args.model == "tied" and svi_only:
-        raise CommandError("--batch-size, --resume, --jit and --collapsed apply to --method svi only")
+        raise CommandError("--batch-size, --resume, --jit, --collapsed and --patience apply to --method svi only")
     if args.model == "tied" and (device.type != "cpu" or getattr(torch, args.dtype) != torch.get_default_dtype()):
         raise CommandError("--model tied --method em runs on the CPU in the default dtype only")
 
 
 def _train(args) -> int:
+    from . import distributed
+
     device = _device(args.device)
     _check_method_options(args, device)
+    _run_dir(args)  # before anything is read or printed
     # Under torchrun: join the process group (nccl with one GPU per process, gloo on CPUs).
     if distributed.init_from_env(backend="nccl" if device.type == "cuda" else "gloo"):
         device = _device(str(distributed.local_device(device)))
@@ -374,13 +463,17 @@ def _train(args) -> int:
 def _train_here(args, device) -> int:
     import torch
 
-    from .plots import plot_training_curves
+    from . import distributed
+    from .runs import BEST_CHECKPOINT_NAME, CHECKPOINT_NAME
+    from .train import split_validation
 
     dtype = getattr(torch, args.dtype)
     shard = (distributed.rank(), distributed.world_size()) if distributed.is_distributed() else None
     with distributed.agreed():  # a bad row in one process's shard ends every process
-        train_obs, _ = _load_data(args.data, shard=shard)
-        val_obs = _load_data(args.val, shard=shard)[0] if args.val is not None else None
+        train_obs = _load_data(args.data, shard)
+        val_obs = _load_data(args.val, shard) if args.val is not None else None
+        if args.valid_fraction is not None:
+            train_obs, val_obs = split_validation(train_obs, args.valid_fraction, seed=args.seed)
     both = [train_obs] + ([val_obs] if val_obs is not None else [])
     num_symbols = args.symbols or distributed.all_reduce_max(max(o.num_symbols for o in both))
     num_targets = args.targets or max(num_symbols, distributed.all_reduce_max(max(o.num_targets for o in both)))
@@ -393,27 +486,34 @@ def _train_here(args, device) -> int:
                     raise CommandError(f"data file {str(path)!r} does not fit --symbols/--targets: {error}") from None
         if distributed.rank() == 0:
             args.out.mkdir(parents=True, exist_ok=True)
-    checkpoint_path = args.out / "checkpoint.pt"
+            if args.overwrite and (args.out / BEST_CHECKPOINT_NAME).exists():
+                (args.out / BEST_CHECKPOINT_NAME).unlink()  # not this run's best
+    checkpoint_path = args.out / CHECKPOINT_NAME
     started = time.perf_counter()
+    notes, best = [], None
     if args.method == "svi":
-        model, metrics, settings = _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
-    elif args.model == "chained":
-        model, metrics, settings = _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
+        model, metrics, settings, notes, best = _train_svi(args, num_symbols, num_targets, train_obs, val_obs,
+                                                           device, dtype, checkpoint_path)
     else:
-        model, metrics, settings = _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path)
+        from .em.runs import run_chained_em, run_variational_em
+
+        options = dict(hops=args.hops, num_symbols=num_symbols, num_targets=num_targets, seed=args.seed,
+                       checkpoint=checkpoint_path)
+        if args.model == "chained":
+            run = run_chained_em(train_obs, val_obs, sigma2=0.1 if args.sigma2 is None else args.sigma2,
+                                 max_iters=args.steps or 100, tol=args.tol, dtype=dtype, device=device, **options)
+        else:
+            run = run_variational_em(train_obs, val_obs, embed_dim=args.embed_dim, max_iters=args.steps, lr=args.lr,
+                                     sigma2=0.3 if args.sigma2 is None else args.sigma2, **options)
+        model, metrics, settings, notes = run
     seconds = time.perf_counter() - started
     train_result = distributed.evaluate(model, train_obs.to(device))
     val_result = None if val_obs is None else distributed.evaluate(model, val_obs.to(device))
     if distributed.rank() != 0:
         return 0
-
-    metrics_path = args.out / "metrics.csv"
-    metrics.to_csv(metrics_path, index=False)
-    title, x_label = _training_title(args, len(train_obs), val_obs)
-    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=title, x_label=x_label), args.out / "loss.png")]
-    if "val_accuracy" in metrics.columns:
-        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=title, x_label=x_label),
-                                    args.out / "accuracy.png"))
+    for note in notes:
+        print(note)
+    figures = _training_outputs(args, metrics, len(train_obs), val_obs)
     summary = {
         "model": type(model).__name__,
         "method": args.method,
@@ -424,42 +524,70 @@ def _train_here(args, device) -> int:
         "train": train_result,
         "val": val_result,
         "checkpoint": str(checkpoint_path),
-        "metrics": str(metrics_path),
+        "best": best,
+        "metrics": str(args.out / "metrics.csv"),
         "figures": [str(f) for f in figures],
     }
     _write_json(args.out / "summary.json", summary)
-    print(f"{args.model}/{args.method}: {seconds:.1f} s; train log-likelihood {summary['train']['log_likelihood']:.4f}, "
-          f"accuracy {summary['train']['accuracy']:.4f}")
-    if summary["val"] is not None:
-        print(f"held-out log-likelihood {summary['val']['log_likelihood']:.4f}, accuracy {summary['val']['accuracy']:.4f}")
-    print(f"wrote {checkpoint_path}, {metrics_path}, {', '.join(str(f) for f in figures)}, {args.out / 'summary.json'}")
+    print(f"{args.model}/{args.method}: {seconds:.1f} s; train log-likelihood {train_result['log_likelihood']:.4f}, "
+          f"accuracy {train_result['accuracy']:.4f}")
+    if val_result is not None:
+        print(f"held-out log-likelihood {val_result['log_likelihood']:.4f}, accuracy {val_result['accuracy']:.4f} "
+              "(last parameters)")
+    if best is not None:
+        print(f"best checkpoint: {args.out / BEST_CHECKPOINT_NAME} (step {best['step']}: highest held-out "
+              f"log-likelihood, {best['log_likelihood']:.4f}{'; stopped early' if best['stopped_early'] else ''})")
+    written = [checkpoint_path] + ([args.out / BEST_CHECKPOINT_NAME] if best is not None else [])
+    written += [args.out / "metrics.csv", *figures, args.out / "summary.json"]
+    print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
 
-def _training_title(args, n_train: int, val_obs) -> tuple:
-    """Title (head, method, data) and x-axis label of the training figures."""
+def _training_outputs(args, metrics, n_train: int, val_obs) -> list:
+    """metrics.csv, loss.png and (with held-out data) accuracy.png; returns the figures' paths."""
+    from .plots import plot_training_curves
+
+    metrics.to_csv(args.out / "metrics.csv", index=False)
     method = {"svi": "SVI", "em": "EM" if args.model == "chained" else "variational EM"}[args.method]
     title = f"{args.model} head, {method} on {args.data.name} ({n_train} rows)"
-    if val_obs is not None:
+    if args.val is not None:
         title += f"; held-out {args.val.name} ({len(val_obs)} rows)"
-    return title, "step" if args.method == "svi" else f"{method} iteration"
+    elif val_obs is not None:
+        title += f"; held-out {len(val_obs)} rows of it"
+    x_label = "step" if args.method == "svi" else f"{method} iteration"
+    figures = [_save_figure(plot_training_curves(metrics, which="loss", title=title, x_label=x_label),
+                            args.out / "loss.png")]
+    if "val_accuracy" in metrics.columns:
+        figures.append(_save_figure(plot_training_curves(metrics, which="accuracy", title=title, x_label=x_label),
+                                    args.out / "accuracy.png"))
+    return figures
 
 
-def _checkpoint_method(state: dict) -> str:
-    extra = state.get("extra") or {}
-    if extra.get("method") == "em":
-        return "variational EM" if (extra.get("em") or {}).get("method") == "variational em" else "EM"
-    return "SVI" if "svi" in extra else "unknown method"
+def _check_resume(args, model, checkpoint_path: Path) -> Optional[int]:
+    """The step of the checkpoint to resume, after checking that it holds this command's model; None
+    without --resume or a checkpoint."""
+    from .checkpoint import read_checkpoint
+
+    if not (args.resume and checkpoint_path.is_file()):
+        return None
+    state = read_checkpoint(checkpoint_path)
+    config = dict(model.config())
+    if state["model_class"] != type(model).__name__ or dict(state["config"]) != config:
+        saved = dict(state["config"])
+        differ = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
+        what = ", ".join(f"{k} = {saved.get(k)!r} there, {config.get(k)!r} here" for k in differ)
+        raise CommandError(f"--resume: {checkpoint_path} holds a {state['model_class']} of another configuration "
+                           f"({what or 'another class'}); give the options it was trained with, or --overwrite")
+    return int(state["step"])
 
 
 def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
     from .train import fit_svi
 
     model = _build_head(args, num_symbols, num_targets).to(device=device, dtype=dtype)
-    if args.resume and checkpoint_path.is_file():
-        from .checkpoint import read_checkpoint
-
-        print(f"resuming from step {read_checkpoint(checkpoint_path)['step']} of {checkpoint_path}", flush=True)
+    step = _check_resume(args, model, checkpoint_path)
+    if step is not None:
+        print(f"resuming from step {step} of {checkpoint_path}", flush=True)
     metrics = fit_svi(
         model,
         train_obs,
@@ -467,6 +595,7 @@ def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         lr=args.lr,
         batch_size=args.batch_size,
         val=val_obs,
+        patience=args.patience,
         seed=args.seed,
         progress=not args.no_progress,
         jit=args.jit,
@@ -476,94 +605,10 @@ def _train_svi(args, num_symbols, num_targets, train_obs, val_obs, device, dtype
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
     )
+    notes = []
     if metrics.attrs["divergences"]:
-        print(f"note: {len(metrics.attrs['divergences'])} divergence(s) caught; best parameters restored each time")
-    return model, metrics, metrics.attrs["settings"]
-
-
-def _em_rows(val_obs, started):
-    rows = []
-
-    def callback(iteration, model, stats):
-        row = {"step": iteration, "loss": -stats.loglik / stats.n}
-        if val_obs is not None:
-            result = distributed.evaluate(model, val_obs)
-            row["val_log_likelihood"], row["val_accuracy"] = result["log_likelihood"], result["accuracy"]
-        row["seconds"] = time.perf_counter() - started
-        rows.append(row)
-
-    return rows, callback
-
-
-def _train_em(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
-    import pandas as pd
-
-    from .checkpoint import save_checkpoint
-    from .em import ChainedEM
-    from .em.chained import ConvergenceWarning
-
-    sigma2 = 0.1 if args.sigma2 is None else args.sigma2
-    max_iters = args.steps or 100
-    em = ChainedEM(args.hops, num_symbols, num_targets, sigma2=sigma2)
-    train_obs = train_obs.to(device)
-    val_obs = None if val_obs is None else val_obs.to(device)
-    rows, callback = _em_rows(val_obs, time.perf_counter())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        result = em.fit(train_obs, max_iters=max_iters, tol=args.tol, seed=args.seed, callback=callback, dtype=dtype)
-    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
-        print(f"note: EM did not converge in {max_iters} iterations (tol {args.tol:g}); the best model is kept")
-    model = result.model
-    metrics = pd.DataFrame(rows)
-    metrics.attrs.update({"best_step": result.best_iteration, "converged": result.converged})
-    settings = {"max_iters": max_iters, "tol": args.tol, "seed": args.seed, "sigma2": sigma2,
-                "emission_smoothing": em.emission_smoothing, "n_iter": result.n_iter,
-                "converged": result.converged, "best_iteration": result.best_iteration}
-    if distributed.rank() == 0:
-        save_checkpoint(checkpoint_path, model, step=result.n_iter, extra={"method": "em", "em": settings})
-    return model, metrics, settings
-
-
-def _train_vem(args, num_symbols, num_targets, train_obs, val_obs, device, dtype, checkpoint_path):
-    import pandas as pd
-
-    from .checkpoint import save_checkpoint
-
-    try:
-        from .em.variational import TiedEmbeddingVEM
-    except ImportError as error:
-        raise CommandError(f"--model tied --method em is not available: {error}") from None
-    sigma2 = 0.3 if args.sigma2 is None else args.sigma2
-    options = {"sigma2": sigma2, "seed": args.seed}
-    if args.lr is not None:
-        options["lr"] = args.lr
-    if args.steps is not None:
-        options["max_iters"] = args.steps
-    started = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        vem = TiedEmbeddingVEM(num_symbols, args.embed_dim, num_targets, args.hops, **options).fit(train_obs)
-    if any("converge" in str(w.message) or "max_iters" in str(w.message) for w in caught):
-        print(f"note: variational EM stopped at max_iters = {vem.max_iters} before its ELBO settled")
-    model = vem.to_head()
-    bounds = vem.lower_bounds_.tolist()
-    n = distributed.all_reduce_sum(len(train_obs))[0]
-    rows = [{"step": i, "loss": -b / n} for i, b in enumerate(bounds)]
-    if val_obs is not None and rows:
-        result = distributed.evaluate(model, val_obs)
-        for row in rows:
-            row["val_log_likelihood"], row["val_accuracy"] = math.nan, math.nan
-        rows[-1]["val_log_likelihood"], rows[-1]["val_accuracy"] = result["log_likelihood"], result["accuracy"]
-    for row in rows:
-        row["seconds"] = math.nan
-    if rows:
-        rows[-1]["seconds"] = time.perf_counter() - started
-    metrics = pd.DataFrame(rows)
-    settings = {"method": "variational em", "sigma2": sigma2, "seed": args.seed, "max_iters": vem.max_iters,
-                "n_iter": vem.n_iter_, "converged": vem.converged_}
-    if distributed.rank() == 0:
-        save_checkpoint(checkpoint_path, model, step=vem.n_iter_, extra={"method": "em", "em": settings})
-    return model, metrics, settings
+        notes.append(f"note: {len(metrics.attrs['divergences'])} divergence(s) caught; best parameters restored each time")
+    return model, metrics, metrics.attrs["settings"], notes, metrics.attrs.get("best_val")
 
 
 def _evaluate(args) -> int:
@@ -571,7 +616,7 @@ def _evaluate(args) -> int:
 
     device = _device(args.device)
     model, _ = _load_checkpoint(args.checkpoint, device)
-    obs, _ = _load_data(args.data)
+    obs = _load_data(args.data)
     _check_fits(model, obs, args.data)
     with torch.no_grad():
         result = model.evaluate(obs.to(device))
@@ -591,7 +636,7 @@ def _predict(args) -> int:
         raise CommandError(f"--out must end in .csv, got {str(args.out)!r}")
     device = _device(args.device)
     model, _ = _load_checkpoint(args.checkpoint, device)
-    obs, has_target = _load_data(args.data, require_target=False)
+    obs, has_target = _load_context(args.data)
     _check_fits(model, obs, args.data)
     obs = obs.to(device)
     with torch.no_grad():
@@ -619,35 +664,68 @@ def _predict(args) -> int:
 def _inspect(args) -> int:
     import torch
 
+    from .em.runs import training_method
     from .plots import plot_embeddings, plot_emission, plot_hop_marginals, plot_key_tables
 
     model, state = _load_checkpoint(args.checkpoint, torch.device("cpu"))
+    vocabulary = _vocabulary(state) or {}
+    words = {"symbols": vocabulary.get("symbols"), "targets": vocabulary.get("targets")}
     obs = None
     if args.data is not None:
-        obs, _ = _load_data(args.data)
+        obs = _load_data(args.data)
         _check_fits(model, obs, args.data)
         bad = [r for r in args.rows if r >= len(obs)]
         if bad:
             raise CommandError(f"--rows must be below the {len(obs)} observations of {str(args.data)!r}, got {bad}")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"{type(model).__name__} ({_checkpoint_method(state)}, {args.checkpoint})"
+    name = f"{type(model).__name__} ({training_method(state)}, {args.checkpoint})"
     written = []
     if isinstance(getattr(model, "key_tables", None), torch.Tensor):
-        written.append(_save_figure(plot_key_tables(model, title=f"{name}: key tables"), args.out / "key_tables.png"))
+        figure = plot_key_tables(model, title=f"{name}: key tables", symbols=words["symbols"])
+        written.append(_save_figure(figure, args.out / "key_tables.png"))
     if callable(getattr(model, "embeddings", None)):
-        written.append(_save_figure(plot_embeddings(model, title=f"{name}: embeddings"), args.out / "embeddings.png"))
-    written.append(_save_figure(plot_emission(model, title=f"{name}:\nemission p(target | value)"), args.out / "emission.png"))
+        figure = plot_embeddings(model, title=f"{name}: embeddings", symbols=words["symbols"])
+        written.append(_save_figure(figure, args.out / "embeddings.png"))
+    figure = plot_emission(model, title=f"{name}:\nemission p(target | value)", **words)
+    written.append(_save_figure(figure, args.out / "emission.png"))
     if obs is not None:
-        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals of {args.data.name}")
+        figure = plot_hop_marginals(model, obs, rows=args.rows, title=f"{name}: posterior hop marginals of "
+                                    f"{args.data.name}", **words)
         written.append(_save_figure(figure, args.out / "hop_marginals.png"))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
 
-def _babi(args) -> int:
-    from .datasets.babi_run import babi_command
+def _paths(args) -> int:
+    from .paths import PATH_FORMATS, write_paths
 
-    return babi_command(args)
+    if args.out.suffix not in PATH_FORMATS:
+        raise CommandError(f"--out must end in {' or '.join(PATH_FORMATS)}, got {str(args.out)!r}")
+    device = _device(args.device)
+    model, state = _load_checkpoint(args.checkpoint, device)
+    obs = _load_data(args.data)
+    _check_fits(model, obs, args.data)
+    rows = write_paths(model, obs, args.out, k=args.k, num_samples=args.samples, seed=args.seed,
+                       chunk_size=args.chunk, vocabulary=_vocabulary(state), progress=not args.no_progress)
+    print(f"wrote the {args.k} best paths of {rows} rows to {args.out}")
+    return 0
+
+
+def _babi(args) -> int:
+    if args.encoding == "facts":
+        from .experiments.qa_command import babi_facts_command
+
+        return babi_facts_command(args)
+    from .experiments.babi import run_babi
+
+    _run_dir(args, resumable=False)
+    results = run_babi(
+        args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops, method=args.method,
+        steps=args.steps, lr=args.lr, batch_size=args.batch_size, memory=args.memory, sigma2=args.sigma2,
+        seed=args.seed, max_train=args.max_train, progress=not args.no_progress, overwrite=args.overwrite,
+    )
+    print(json.dumps(results))
+    return 0
 
 
 def _set_threads(threads: int) -> None:
@@ -665,25 +743,26 @@ def _qa(args) -> int:
 
 
 _COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect,
-             "babi": _babi, "qa": _qa}
+             "babi": _babi, "paths": _paths, "qa": _qa}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed as one line
         return int(exit_.code or 0)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from . import distributed
+    from .checkpoint import CheckpointError
+
     # Under torchrun only rank 0 logs below errors (the environment names the rank before the group exists).
     quiet = int(os.environ.get("RANK", 0)) != 0
     level = logging.ERROR if quiet else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format=f"{PROG}: %(message)s")
-    from .checkpoint import CheckpointError
-
     _set_threads(args.threads)
     try:
         return _COMMANDS[args.command](args)

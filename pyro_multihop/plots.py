@@ -16,13 +16,14 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 __all__ = [
     "plot_training_curves",
@@ -38,19 +39,24 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def plot_training_curves(
-    metrics: pd.DataFrame, which: str = "both", title: Optional[str] = None, x_label: str = "step"
+    metrics: pd.DataFrame, which: str = "both", title: Optional[str] = None, x_label: str = "step",
+    loss_label: Optional[str] = None,
 ) -> Figure:
     """Training curves: the loss per observation against step and, if present, the held-out accuracy.
 
     :param metrics: a DataFrame with columns ``step`` and ``loss`` and optionally ``val_accuracy`` and
         ``val_log_likelihood`` (what :func:`~pyro_multihop.train.fit_svi` returns; the CLI writes the same
-        columns for EM, one row per iteration). Divergence events in ``metrics.attrs["divergences"]`` are
-        marked with dotted lines.
+        columns for EM, one row per iteration). Held-out values may be NaN where they were not evaluated:
+        the points that exist are drawn, with markers. Divergence events in ``metrics.attrs["divergences"]``
+        are marked with dotted lines, the best held-out step (``metrics.attrs["best_val"]["step"]``) with a
+        dashed line and a star.
     :param str which: ``"loss"``, ``"accuracy"`` (needs ``val_accuracy``) or ``"both"`` (the accuracy panel
         only if there is one).
     :param str title: figure title; say the method and the data (``"chained head, SVI on train.csv"``).
     :param str x_label: label of the x axis, i.e. what the ``step`` column counts: ``"step"`` for SVI,
         ``"EM iteration"`` for EM.
+    :param str loss_label: y label of the loss panel, what the ``loss`` column is (default
+        ``metrics.attrs["loss_label"]``, else the negative log-likelihood per observation).
     """
     if not isinstance(metrics, pd.DataFrame):
         raise TypeError(f"metrics must be a pandas DataFrame, got {type(metrics).__name__}")
@@ -59,9 +65,11 @@ def plot_training_curves(
     missing = [c for c in ("step", "loss") if c not in metrics.columns]
     if missing:
         raise ValueError(f"metrics must have the columns step and loss; missing {missing}")
-    has_val = "val_accuracy" in metrics.columns
+    has_val = "val_accuracy" in metrics.columns and metrics["val_accuracy"].notna().any()
     if which == "accuracy" and not has_val:
         raise ValueError("metrics must have a val_accuracy column to plot the accuracy (train with val data)")
+    loss_label = loss_label or metrics.attrs.get("loss_label") or "negative log-likelihood per observation (nats)"
+    best = metrics.attrs.get("best_val") or {}
     panels = {"loss": ["loss"], "accuracy": ["accuracy"], "both": ["loss"] + (["accuracy"] if has_val else [])}[which]
     figure = Figure(figsize=(5.5 * len(panels), 4), layout="constrained")
     axes = dict(zip(panels, figure.subplots(1, len(panels), squeeze=False)[0]))
@@ -69,26 +77,43 @@ def plot_training_curves(
         axis = axes["loss"]
         axis.plot(metrics["step"], metrics["loss"], color="C0", label="training loss")
         if "val_log_likelihood" in metrics.columns:
-            axis.plot(metrics["step"], -metrics["val_log_likelihood"], color="C1", label="held-out loss")
+            _plot_points(axis, metrics["step"], -metrics["val_log_likelihood"], "C1",
+                         "held-out negative log-likelihood", best)
         for event in metrics.attrs.get("divergences", []) or []:
             axis.axvline(event["step"], color="C3", linestyle=":", linewidth=1)
-        if len(metrics) and (metrics["loss"] > 0).all():
+        values = pd.concat([metrics["loss"], -metrics.get("val_log_likelihood", pd.Series(dtype=float))]).dropna()
+        if len(values) and (values > 0).all():
             axis.set_yscale("log")
             _plain_log_ticks(axis)
         axis.set_xlabel(x_label)
-        axis.set_ylabel("negative log-likelihood per observation (nats)")
+        axis.set_ylabel(loss_label)
         axis.legend(loc="upper right")
         axis.grid(True, which="both", alpha=0.3)
     if "accuracy" in axes:
         axis = axes["accuracy"]
-        axis.plot(metrics["step"], metrics["val_accuracy"], color="C2")
+        _plot_points(axis, metrics["step"], metrics["val_accuracy"], "C2", "held-out accuracy", best)
+        axis.set_xlim(float(metrics["step"].min()) - 0.5, float(metrics["step"].max()) + 0.5)
         axis.set_xlabel(x_label)
         axis.set_ylabel("held-out accuracy")
         axis.set_ylim(0, 1)
+        axis.legend(loc="lower right")
         axis.grid(True, alpha=0.3)
     if title:
         figure.suptitle(title)
     return figure
+
+
+def _plot_points(axis, steps: pd.Series, values: pd.Series, color: str, label: str, best: dict) -> None:
+    """A held-out series where it was evaluated (markers, so that a single point shows), and its best step."""
+    known = values.notna()
+    steps, values = steps[known], values[known]
+    axis.plot(steps, values, color=color, marker="o", markersize=3, label=label)
+    best_step = best.get("step")
+    if best_step is not None and (steps == best_step).any():
+        where = f": {os.path.basename(best['checkpoint'])}" if best.get("checkpoint") else ""
+        axis.axvline(best_step, color=color, linestyle="--", linewidth=1)
+        axis.plot([best_step], [values[steps == best_step].iloc[0]], color=color, marker="*", markersize=12,
+                  linestyle="none", label=f"best held-out (step {best_step}){where}")
 
 
 def _plain_log_ticks(axis) -> None:
@@ -104,9 +129,23 @@ def _plain_log_ticks(axis) -> None:
     axis.yaxis.set_minor_formatter(FuncFormatter(label))
 
 
-def plot_key_tables(model, title: Optional[str] = None) -> Figure:
+#: Up to this many symbols, heatmap axes name every symbol (a word when a vocabulary is given).
+MAX_LABELLED_SYMBOLS = 40
+
+
+def _symbol_ticks(axis, count: int, names: Optional[Sequence[str]], which: str) -> None:
+    """Integer ticks on ``which`` axis ("x" or "y"), labelled with ``names`` (words) when given and few."""
+    if count > MAX_LABELLED_SYMBOLS:
+        getattr(axis, f"{which}axis").set_major_locator(MaxNLocator(integer=True))
+        return
+    labels = [str(i) for i in range(count)] if names is None else [str(n) for n in list(names)[:count]]
+    ticks = getattr(axis, f"set_{which}ticks")
+    ticks(np.arange(count), labels, fontsize=6 if names is not None else 7, rotation=90 if which == "x" else 0)
+
+
+def plot_key_tables(model, title: Optional[str] = None, symbols: Optional[Sequence[str]] = None) -> Figure:
     """Heatmaps of the key tables ``K[l]`` of a :class:`~pyro_multihop.models.ChainedAttention`, one per hop
-    (row: key symbol, column: query symbol)."""
+    (row: key symbol, column: query symbol). ``symbols``: optional words of the symbols, for the axes."""
     tables = getattr(model, "key_tables", None)
     if not isinstance(tables, torch.Tensor) or tables.dim() != 3:
         raise TypeError(f"model must have (L, S, S) key_tables (a ChainedAttention), got {type(model).__name__}")
@@ -121,14 +160,18 @@ def plot_key_tables(model, title: Optional[str] = None) -> Figure:
         axis.set_title(f"hop {hop + 1}: K[{hop + 1}]")
         axis.set_xlabel("query symbol")
         axis.set_ylabel("key symbol")
+        _symbol_ticks(axis, tables.shape[2], symbols, "x")
+        _symbol_ticks(axis, tables.shape[1], symbols, "y")
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="key table entry K[l][key, query]")
     if title:
         figure.suptitle(title)
     return figure
 
 
-def plot_emission(model, title: Optional[str] = None) -> Figure:
-    """Heatmap of the emission table ``p(target | last attended value)`` (row: value symbol, column: target)."""
+def plot_emission(model, title: Optional[str] = None, symbols: Optional[Sequence[str]] = None,
+                  targets: Optional[Sequence[str]] = None) -> Figure:
+    """Heatmap of the emission table ``p(target | last attended value)`` (row: value symbol, column: target);
+    ``symbols`` and ``targets``: optional words for the axes."""
     emission = getattr(model, "emission", None)
     if not isinstance(emission, torch.Tensor) or emission.dim() != 2:
         raise TypeError(f"model must have an (S, T) emission table, got {type(model).__name__}")
@@ -137,19 +180,28 @@ def plot_emission(model, title: Optional[str] = None) -> Figure:
     image = axis.imshow(_numpy(emission), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     axis.set_xlabel("target")
     axis.set_ylabel("value symbol")
+    _symbol_ticks(axis, emission.shape[1], targets, "x")
+    _symbol_ticks(axis, emission.shape[0], symbols, "y")
     axis.set_title(title or "emission p(target | value)")
     figure.colorbar(image, ax=axis, shrink=0.8, label="p(target | value)")
     return figure
 
 
-def plot_hop_marginals(model, obs, rows: Sequence[int] = (0,), title: Optional[str] = None) -> Figure:
+def plot_hop_marginals(model, obs, rows: Sequence[int] = (0,), title: Optional[str] = None,
+                       symbols: Optional[Sequence[str]] = None, targets: Optional[Sequence[str]] = None) -> Figure:
     """Posterior hop marginals ``p(z_l = i | observation)`` of chosen rows: one panel per row, hops down,
-    context positions across (labelled ``key:value``), the MAP hop path marked with dots.
+    context positions across (labelled ``key:value``), the MAP hop path (the most probable path given the
+    target) marked with red dots, explained in a legend.
 
     :param model: a fitted head (``posterior``).
     :param obs: :class:`~pyro_multihop.data.Observations`.
     :param rows: indices of the observations to show.
+    :param symbols: optional words of the symbols (keys, values, query); ``targets``: of the targets.
     """
+
+    def word(names, index: int) -> str:
+        return str(names[index]) if names is not None and 0 <= index < len(names) else str(index)
+
     rows = [int(r) for r in rows]
     if not rows:
         raise ValueError("rows must name at least one observation")
@@ -168,16 +220,19 @@ def plot_hop_marginals(model, obs, rows: Sequence[int] = (0,), title: Optional[s
     image = None
     for k, axis in enumerate(axes):
         image = axis.imshow(marginals[:, k, :], cmap="Greys", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
-        axis.scatter(paths[k], np.arange(n_hops), color="C3", s=18, label="MAP path")
+        axis.scatter(paths[k], np.arange(n_hops), color="C3", s=18, label="MAP hop path (given the target)")
         labels = [
-            f"{int(key)}:{int(value)}" if real else "pad"
+            f"{word(symbols, key)}:{word(symbols, value)}" if real else "pad"
             for key, value, real in zip(subset.keys[k].tolist(), subset.values[k].tolist(), mask[k])
         ]
         axis.set_xticks(np.arange(len(labels)), labels, rotation=90, fontsize=7)
         axis.set_yticks(np.arange(n_hops), [f"z_{hop + 1}" for hop in range(n_hops)])
         axis.set_title(
-            f"row {rows[k]}: query {int(subset.query[k])}, target {int(subset.target[k])}", fontsize=9
+            f"row {rows[k]}: query {word(symbols, int(subset.query[k]))}, "
+            f"target {word(targets, int(subset.target[k]))}", fontsize=9
         )
+        if k == 0:
+            axis.legend(loc="upper left", bbox_to_anchor=(0, 1.6 if n_hops < 3 else 1.35), fontsize=7, frameon=False)
     axes[-1].set_xlabel("context position (key:value)")
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="posterior probability")
     if title:
@@ -185,20 +240,25 @@ def plot_hop_marginals(model, obs, rows: Sequence[int] = (0,), title: Optional[s
     return figure
 
 
-def plot_embeddings(model, title: Optional[str] = None) -> Figure:
+def plot_embeddings(model, title: Optional[str] = None, symbols: Optional[Sequence[str]] = None) -> Figure:
     """Posterior embeddings of a tied-embedding head (``model.embeddings() -> (mean, scale)``): the means as a
-    heatmap (left) and their projection on the first two principal axes, each symbol labelled, marker
-    size growing with the mean posterior standard deviation (right)."""
+    heatmap (left, one row per symbol) and their projection on the first two principal axes (right), each
+    symbol labelled and drawn as a circle whose radius is its mean posterior standard deviation, in the units
+    of the axes (equal aspect), so that overlapping circles are symbols the posterior cannot tell apart."""
+    from matplotlib.patches import Circle
+
     if not callable(getattr(model, "embeddings", None)):
         raise TypeError(f"model must have embeddings() (a tied-embedding head), got {type(model).__name__}")
     mean, scale = model.embeddings()
     mean, scale = _numpy(mean), _numpy(scale)
-    figure = Figure(figsize=(10, 4.2), layout="constrained")
+    figure = Figure(figsize=(10, 4.6), layout="constrained")
     heat_axis, scatter_axis = figure.subplots(1, 2)
     limit = max(float(np.abs(mean).max()), 1e-12)
     image = heat_axis.imshow(mean, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
     heat_axis.set_xlabel("embedding dimension")
     heat_axis.set_ylabel("symbol")
+    heat_axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _symbol_ticks(heat_axis, mean.shape[0], symbols, "y")
     heat_axis.set_title("posterior means")
     figure.colorbar(image, ax=heat_axis, shrink=0.8, label="posterior mean")
     centred = mean - mean.mean(0, keepdims=True)
@@ -207,14 +267,19 @@ def plot_embeddings(model, title: Optional[str] = None) -> Figure:
         projected = centred @ axes_t[:2].T
     else:
         projected = np.concatenate([centred[:, :1], np.zeros((centred.shape[0], 1))], axis=1)
-    size = 20 + 400 * scale.mean(1) / max(float(scale.mean(1).max()), 1e-12)
-    scatter_axis.scatter(projected[:, 0], projected[:, 1], s=size, alpha=0.5)
-    for symbol, (x, y) in enumerate(projected):
-        scatter_axis.annotate(str(symbol), (x, y), fontsize=7, ha="center", va="center")
-    scatter_axis.margins(0.12)  # room for the largest markers and the labels at the edges
+    radius = scale.mean(1)
+    for index, ((x, y), r) in enumerate(zip(projected, radius)):
+        scatter_axis.add_patch(Circle((x, y), r, alpha=0.25, color="C0"))
+        name = str(symbols[index]) if symbols is not None and index < len(symbols) else str(index)
+        scatter_axis.annotate(name, (x, y), fontsize=7, ha="center", va="center")
+    reach = float(np.abs(projected).max() + radius.max()) * 1.05 or 1.0
+    scatter_axis.set_xlim(-reach, reach)
+    scatter_axis.set_ylim(-reach, reach)
+    scatter_axis.set_aspect("equal")
     scatter_axis.set_xlabel("principal axis 1")
     scatter_axis.set_ylabel("principal axis 2")
-    scatter_axis.set_title("means on the first two principal axes\n(marker size: posterior sd)")
+    scatter_axis.set_title(f"means on the first two principal axes\n(circle radius: mean posterior sd, "
+                           f"{radius.min():.2g} to {radius.max():.2g})")
     if title:
         figure.suptitle(title)
     return figure

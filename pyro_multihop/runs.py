@@ -34,13 +34,14 @@ class RunDirError(ValueError):
 
 
 def prepare_run_dir(out: Union[str, os.PathLike], *, resume: bool = False, overwrite: bool = False,
-                    checkpoint_name: str = CHECKPOINT_NAME, create: bool = True) -> Path:
+                    resumable: bool = True, checkpoint_name: str = CHECKPOINT_NAME, create: bool = True) -> Path:
     """Check that training may write into the folder ``out`` and create it; returns it as a Path.
 
     A folder that holds ``checkpoint_name`` (a trained model) is refused with :class:`RunDirError` (one line
     naming the two flags) unless ``resume`` (continue from that checkpoint) or ``overwrite`` (replace it).
     ``resume`` and ``overwrite`` together are refused too: they contradict each other.
 
+    :param resumable: whether the command can resume (its message offers ``--resume`` only then).
     :param create: create the folder (and its parents) when it is missing.
     :raises RunDirError: as above, or when ``out`` exists and is not a folder.
     """
@@ -51,18 +52,16 @@ def prepare_run_dir(out: Union[str, os.PathLike], *, resume: bool = False, overw
         raise RunDirError(f"--out {str(out)!r} exists and is not a folder")
     checkpoint = out / checkpoint_name
     if checkpoint.exists() and not (resume or overwrite):
-        raise RunDirError(
-            f"--out {str(out)!r} already holds a trained checkpoint ({checkpoint_name}); "
-            "pass --resume to continue it or --overwrite to replace it"
-        )
+        flags = "pass --resume to continue it or --overwrite to replace it" if resumable else "pass --overwrite to replace it"
+        raise RunDirError(f"--out {str(out)!r} already holds a trained checkpoint ({checkpoint_name}); {flags}")
     if create:
         out.mkdir(parents=True, exist_ok=True)
     return out
 
 
 class _LogLines:
-    """A stand-in for a tqdm bar that writes ``desc: i/total (p%), rate, postfix`` lines to ``stream`` at
-    most every ``every_s`` seconds, plus one at the end: readable in a log file, a few lines per minute."""
+    """A stand-in for a tqdm bar that writes ``desc: i/total (p%), rate, postfix`` lines to ``stream`` at each
+    tenth of ``total`` and every ``every_s`` seconds between, plus one at the end: readable in a log file."""
 
     def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", stream=None,
                  every_s: float = 10.0):
@@ -72,13 +71,22 @@ class _LogLines:
         self.postfix = ""
         self.started = self.last = time.perf_counter()
         self.initial = initial
+        self.next_mark = self._mark_after(initial)
 
     def update(self, n: int = 1) -> None:
         self.n += n
         now = time.perf_counter()
-        if now - self.last >= self.every_s:
+        if now - self.last >= self.every_s or self.n >= self.next_mark:
             self.last = now
+            self.next_mark = self._mark_after(self.n)
             self._write(now)
+
+    def _mark_after(self, n: int) -> float:
+        """The next multiple of a tenth of ``total`` above ``n``."""
+        if not self.total:
+            return float("inf")
+        tenth = self.total / 10
+        return (int(n / tenth) + 1) * tenth
 
     def set_postfix(self, refresh: bool = False, **values) -> None:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
@@ -120,8 +128,9 @@ class _Disabled:
 
 def progress_bar(total: int, *, initial: int = 0, desc: str = "", unit: str = "it", enabled: bool = True,
                  terminal: Optional[bool] = None, every_s: float = 10.0):
-    """A progress display on stderr: a tqdm bar when stderr is a terminal, else plain lines every ``every_s``
-    seconds and one at the end (``terminal`` overrides the detection). With ``enabled=False`` nothing.
+    """A progress display on stderr: a tqdm bar when stderr is a terminal, else plain lines at each tenth of
+    ``total``, every ``every_s`` seconds between and at the end (``terminal`` overrides the detection).
+    With ``enabled=False`` nothing.
 
     It supports ``update(n)``, ``set_postfix(**values)`` and use as a context manager, like tqdm."""
     if not enabled:

@@ -3,7 +3,8 @@
 Each block runs in a fresh interpreter (a subprocess, PYTHONPATH set to this checkout), as a reader who
 copies it would run it: with its own imports and data, nothing carried over from an earlier block.
 
-A comment ``# prints: TEXT`` on a line of a block claims that ``TEXT`` appears in what the block prints;
+A comment ``# prints: TEXT`` on a line of a block claims that ``TEXT`` appears in what the block prints, as
+whole tokens (``0.885`` is not met by ``0.8855``);
 the claims of a block must appear in its output in the order they are written. Write numbers in those
 comments as the code rounds them, so the claim is the exact text printed.
 
@@ -65,15 +66,37 @@ def _claims(code):
     return [m.group(1) for m in map(_CLAIM.search, code.splitlines()) if m]
 
 
+def _claim_pattern(claim):
+    """``claim`` as whole tokens: a claim that starts or ends with a letter or digit does not match inside a
+    longer word or number (``0.885`` is not found in ``0.8855``, nor ``5`` in ``0.5`` or ``15``)."""
+    left = r"(?<![\w.])" if re.match(r"\w", claim[0]) else ""
+    right = r"(?!\w)(?!\.\d)" if re.match(r"\w", claim[-1]) else ""
+    return re.compile(left + re.escape(claim) + right)
+
+
 def _unmet_claim(code, stdout):
-    """The first claim of ``code`` that ``stdout`` does not print after the earlier claims' matches, or None."""
+    """The first claim of ``code`` that ``stdout`` does not print, as whole tokens, after the earlier claims'
+    matches, or None."""
     position = 0
     for claim in _claims(code):
-        found = stdout.find(claim, position)
-        if found < 0:
+        found = _claim_pattern(claim).search(stdout, position)
+        if found is None:
             return claim
-        position = found + len(claim)
+        position = found.end()
     return None
+
+
+@pytest.mark.parametrize("claim, printed, met", [
+    ("0.885", "accuracy 0.8855\n", False),
+    ("0.885", "accuracy 0.885\n", True),
+    ("0.885", "accuracy 0.885.\n", True),
+    ("5", "0.5 15 5\n", True),
+    ("5", "0.5 15\n", False),
+    ("[0, 1]", "x[0, 1]\n", True),
+    ("tensor([1, 2])", "tensor([1, 2])\n", True),
+])
+def test_claims_compare_whole_tokens(claim, printed, met):
+    assert (_unmet_claim(f"print(x)  # prints: {claim}", printed) is None) == met
 
 
 @pytest.mark.parametrize("page, line, code", _python_blocks())

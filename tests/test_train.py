@@ -329,3 +329,179 @@ def test_without_a_checkpoint_ctrl_c_interrupts_at_once():
         fit_svi(small_head(), transitive_task(60, seed=0), num_steps=30, log_every=10, progress=False,
                 callback=_send_at(signal.SIGINT, 10))
     assert not isinstance(caught.value, TrainingInterrupted)
+
+
+# -- any data type, length groups, held-out data (issues 17 and 19) ---------------------------------------
+class Points:
+    """A data type that is not Observations: scalar points, built from its one tensor attribute."""
+
+    def __init__(self, x):
+        self.x = torch.as_tensor(x)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return Points(self.x[index])
+
+    def to(self, device):
+        return Points(self.x.to(device))
+
+
+class GaussianMean(pyro.nn.PyroModule):
+    """A toy head on Points: x ~ Normal(mu, 1), mu a parameter; the head API fit_svi relies on."""
+
+    def __init__(self):
+        super().__init__()
+        self.mu = torch.nn.Parameter(torch.zeros(()))
+
+    def check_observations(self, obs, name="obs"):
+        if not isinstance(obs, Points):
+            raise TypeError(f"{name} must be Points, got {type(obs).__name__}")
+        return obs
+
+    @pyro.nn.pyro_method
+    def model(self, obs, subsample_size=None):
+        with pyro.plate("obs", len(obs), subsample_size=subsample_size, dim=-1) as rows:
+            pyro.sample("x", pyro.distributions.Normal(self.mu, 1.0), obs=obs.x[rows])
+
+    @pyro.nn.pyro_method
+    def guide(self, obs, subsample_size=None):
+        pass
+
+    def svi_kwargs(self, step):
+        return {}
+
+    def evaluate(self, obs):
+        with torch.no_grad():
+            log_likelihood = pyro.distributions.Normal(self.mu, 1.0).log_prob(obs.x).mean()
+        return {"log_likelihood": float(log_likelihood), "accuracy": math.nan, "n": len(obs)}
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["interpreted", "jit"])
+def test_any_data_type_the_head_accepts_is_fitted(jit):
+    points = Points(3.0 + torch.randn(200, generator=torch.Generator().manual_seed(0)))
+    head = GaussianMean()
+    metrics = fit_svi(head, points, num_steps=150, lr=0.1, log_every=50, jit=jit, progress=False)
+    assert float(head.mu.detach()) == pytest.approx(float(points.x.mean()), abs=0.05)
+    assert metrics["loss"].iloc[-1] < metrics["loss"].iloc[0]
+    with pytest.raises(TypeError, match="obs must be Points"):
+        fit_svi(GaussianMean(), transitive_task(5, seed=0), num_steps=1, progress=False)
+
+
+def test_jit_names_a_data_type_it_cannot_rebuild():
+    class Opaque(Points):
+        def __init__(self, values):  # the constructor argument is not an attribute of that name
+            super().__init__(values)
+
+        def __getitem__(self, index):
+            return Opaque(self.x[index])
+
+        def to(self, device):
+            return Opaque(self.x.to(device))
+
+    with pytest.raises(TypeError, match="Opaque.values"):
+        fit_svi(GaussianMean(), Opaque(torch.randn(10)), num_steps=1, jit=True, progress=False)
+
+
+def padded_task(n=60, seed=0):
+    """The transitive task with 10 extra positions: distractors on half of the rows, padding on the others."""
+    from pyro_multihop import Observations
+
+    base = transitive_task(n, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    extra = torch.randint(0, 30, (n, 10), generator=generator)
+    mask = torch.ones(n, 20, dtype=torch.bool)
+    mask[: n // 2, 10:] = False
+    return Observations(torch.cat([base.keys, extra], 1), torch.cat([base.values, extra.flip(1)], 1), base.query,
+                        base.target, mask)
+
+
+@pytest.mark.parametrize("collapsed", [False, True], ids=["enumerated", "collapsed"])
+def test_length_groups_are_exact(collapsed):
+    obs = padded_task()
+    assert obs.context_lengths().tolist() == [10] * 30 + [20] * 30
+    plain, grouped = small_head(seed=0), small_head(seed=0)
+    a = fit_svi(plain, obs, num_steps=8, log_every=4, collapsed=collapsed, progress=False)
+    b = fit_svi(grouped, obs, num_steps=8, log_every=4, collapsed=collapsed, group_lengths=5, progress=False)
+    assert b["loss"].tolist() == pytest.approx(a["loss"].tolist(), rel=1e-5)
+    assert torch.allclose(plain.key_tables, grouped.key_tables, atol=2e-4)  # float32 Adam steps
+
+
+def test_length_groups_scale_a_mini_batch_to_the_whole_data():
+    obs = padded_task()
+    head = small_head()
+    exact = float(_Loss(head, obs, None, jit=False).full(0))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        estimates = [float(_Loss(head, obs, 12, jit=False, group_lengths=10).train(0).detach()) for _ in range(300)]
+    assert sum(estimates) / len(estimates) == pytest.approx(exact, rel=0.03)
+    assert float(_Loss(head, obs, None, jit=False, group_lengths=10).full(0)) == pytest.approx(exact, rel=1e-6)
+
+
+def test_length_groups_need_data_that_can_be_cut():
+    with pytest.raises(TypeError, match="context_lengths"):
+        fit_svi(GaussianMean(), Points(torch.randn(10)), num_steps=1, group_lengths=5, progress=False)
+    with pytest.raises(ValueError, match="jit"):
+        fit_svi(small_head(), padded_task(), num_steps=1, group_lengths=5, jit=True, progress=False)
+
+
+def shuffled_targets(obs, seed=1):
+    """The same contexts with targets permuted: the better a head fits ``obs``, the worse it does here."""
+    from pyro_multihop import Observations
+
+    order = torch.randperm(len(obs), generator=torch.Generator().manual_seed(seed))
+    return Observations(obs.keys, obs.values, obs.query, obs.target[order], obs.mask)
+
+
+def test_best_checkpoint_patience_and_the_overfitting_warning(tmp_path):
+    from pyro_multihop.train import OverfittingWarning
+
+    obs = transitive_task(80, seed=0)
+    head = small_head()
+    states = {}
+
+    def record(step, model, row):
+        states[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    with pytest.warns(OverfittingWarning, match="held-out log-likelihood fell"):
+        metrics = fit_svi(head, obs, val=shuffled_targets(obs), num_steps=200, log_every=5, patience=3,
+                          checkpoint=tmp_path / "checkpoint.pt", callback=record, progress=False)
+    best = metrics.attrs["best_val"]
+    values = metrics.set_index("step")["val_log_likelihood"]
+    assert best["step"] == values.idxmax() and best["log_likelihood"] == values.max()
+    assert best["stopped_early"] and best["checkpoint"] == str(tmp_path / "best.pt")
+    # Three evaluations without a better one, then the stop (and the final row one step later).
+    assert metrics["step"].tolist()[-4:] == [best["step"] + 5, best["step"] + 10, best["step"] + 15, best["step"] + 16]
+    saved, state = load_checkpoint(tmp_path / "best.pt")
+    assert state["step"] == best["step"]
+    assert state["extra"]["svi_best"]["chosen_by"] == "highest held-out log-likelihood"
+    for name, value in states[best["step"]].items():
+        assert torch.equal(saved.state_dict()[name], value), name
+
+
+def test_a_good_fit_keeps_its_last_step_as_best_and_stays_silent(recwarn):
+    obs, val = transitive_task(200, seed=0), transitive_task(100, seed=1)
+    metrics = fit_svi(small_head(), obs, val=val, num_steps=30, log_every=10, progress=False)
+    assert metrics.attrs["best_val"]["step"] == 30 and not metrics.attrs["best_val"]["stopped_early"]
+    assert not [w for w in recwarn if "held-out" in str(w.message)]
+
+
+def test_val_fraction_splits_by_the_seed():
+    from pyro_multihop.train import split_validation
+
+    obs = transitive_task(50, seed=0)
+    train, held_out = split_validation(obs, 0.2, seed=4)
+    again = split_validation(obs, 0.2, seed=4)[1]
+    other = split_validation(obs, 0.2, seed=5)[1]
+    assert len(train) == 40 and len(held_out) == 10 and held_out == again and not held_out == other
+    rows = {tuple(r) for r in torch.cat([obs.keys, obs.target[:, None]], 1).tolist()}
+    parts = [tuple(r) for part in (train, held_out) for r in torch.cat([part.keys, part.target[:, None]], 1).tolist()]
+    assert sorted(parts) == sorted(tuple(r) for r in torch.cat([obs.keys, obs.target[:, None]], 1).tolist())
+    assert len(rows) == len(parts)
+    metrics = fit_svi(small_head(), obs, val_fraction=0.2, num_steps=5, log_every=5, seed=4, progress=False)
+    assert "val_log_likelihood" in metrics.columns
+    with pytest.raises(ValueError, match="val_fraction"):
+        split_validation(obs, 1.5)
+    with pytest.raises(ValueError, match="patience needs held-out data"):
+        fit_svi(small_head(), obs, num_steps=5, patience=2, progress=False)

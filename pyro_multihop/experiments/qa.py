@@ -191,7 +191,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results."""
-    out = prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    out = prepare_run_dir(out, resume=resume, overwrite=overwrite, resumable=True)
     checkpoint = out / CHECKPOINT_NAME
     vocabulary = QAVocabulary.build(train_records)
     train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
@@ -225,10 +225,13 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     return results
 
 
-def run_babi_facts(task: int, out, *, data_dir=None, train_dir=None, hops: int = 2, memory: int = DEFAULT_MEMORY,
-                   max_train: Optional[int] = None, **options) -> dict:
+def run_babi_facts(task: int, out, *, data_dir=None, train_dir=None, hops: Optional[int] = None,
+                   memory: int = DEFAULT_MEMORY, max_train: Optional[int] = None, **options) -> dict:
     """A bAbI task through the facts path: its stories as facts records
-    (:func:`~pyro_multihop.datasets.babi_facts.load_task_records`), then :func:`run_qa`; the results add
-    ``task``, ``memory`` and ``encoding = "facts"``."""
+    (:func:`~pyro_multihop.datasets.babi_facts.load_task_records`), then :func:`run_qa` with ``hops`` (default:
+    the most supporting facts of a training question, the task's number); the results add ``task``,
+    ``memory`` and ``encoding = "facts"``."""
     train, test = load_task_records(task, data_dir=data_dir, train_dir=train_dir, memory=memory, max_train=max_train)
+    if hops is None:
+        hops = max(1, max(len(record.supporting or ()) for record in train))
     return run_qa(train, test, hops, out, extra={"task": task, "memory": memory, "encoding": "facts"}, **options)

@@ -1,5 +1,6 @@
 """The ``pyro-multihop qa`` command's options (imported when the command line is built: no torch here)
-and its entry point, which runs :func:`pyro_multihop.experiments.qa.run_qa`."""
+and its entry point, which runs :func:`pyro_multihop.experiments.qa.run_qa`; and ``pyro-multihop babi
+--encoding facts`` (the default), which runs :func:`pyro_multihop.experiments.qa.run_babi_facts`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-__all__ = ["add_qa_parser", "qa_command"]
+__all__ = ["add_qa_parser", "qa_command", "babi_facts_command"]
 
 
 def _fraction(text: str) -> float:
@@ -61,5 +62,22 @@ def qa_command(args) -> int:
                      batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
                      progress=not args.no_progress)
+    print(json.dumps(results))
+    return 0
+
+
+def babi_facts_command(args) -> int:
+    """``pyro-multihop babi`` with ``--encoding facts``: the task's stories as facts, the structured-facts head
+    by SVI (:func:`~pyro_multihop.experiments.qa.run_babi_facts`); prints the results as JSON."""
+    from ..runs import prepare_run_dir
+    from .qa import run_babi_facts
+
+    if args.method != "svi":
+        raise ValueError(f"--method {args.method}: the structured-facts head is trained by SVI only (its attention "
+                         "normaliser has no closed-form M-step); use --encoding positions for EM")
+    prepare_run_dir(args.out, overwrite=args.overwrite, resumable=False, create=False)
+    results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops,
+                             memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
+                             batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress)
     print(json.dumps(results))
     return 0

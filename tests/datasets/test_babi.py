@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pyro_multihop.datasets import babi
-from pyro_multihop.datasets.babi_run import babi_head, evaluate_babi, fit_babi
+from pyro_multihop.experiments.babi import BABI_SVI, babi_head, evaluate_babi
+from pyro_multihop.train import fit_svi
 
 STEPS = 80
 
@@ -169,7 +170,7 @@ def relabel_file(source, destination, mapping):
 def train_and_score(data_dir, seed):
     train, test = babi.load_task(1, data_dir=data_dir, max_train=300)
     head = babi_head(train, hops=1, seed=seed)
-    fit_babi(head, train, num_steps=STEPS)
+    fit_svi(head, train.obs, **dict(BABI_SVI, num_steps=STEPS), progress=False)
     result = evaluate_babi(head, test)
     return train, test, result["answer_accuracy"], result["fact_accuracy"]
 
