@@ -392,3 +392,15 @@ class QAData:
             return None
         matches = supporting_matches(paths[annotated], [self.records[row].supporting for row in annotated])
         return float(matches.double().mean())
+
+    def hop_fact_accuracy(self, paths: torch.Tensor) -> Optional[List[float]]:
+        """Per hop ``l``: the share of rows with an ``l``-th supporting fact whose hop path ``(n, L)`` attends it
+        at hop ``l`` (where a run goes off its facts); None when no row is annotated."""
+        if not self.has_supporting:
+            return None
+        shares = []
+        for hop in range(paths.shape[1]):
+            rows = [row for row, record in enumerate(self.records) if record.supporting is not None and len(record.supporting) > hop]
+            hits = [int(paths[row, hop]) == self.records[row].supporting[hop] for row in rows]
+            shares.append(sum(hits) / len(hits) if hits else None)
+        return shares

@@ -114,8 +114,8 @@ def predict_qa(head, data: QAData) -> List[dict]:
 @torch.no_grad()
 def evaluate_qa(head, data: QAData, predictions: Optional[List[dict]] = None) -> dict:
     """``answer_accuracy`` (the predicted answer's text equals the answer), ``fact_accuracy`` (the
-    question's MAP path visits the supporting facts in order; None without them), ``n`` and the mean
-    test ``log_likelihood``."""
+    question's MAP path visits the supporting facts in order; None without them), ``hop_fact_accuracy``
+    (per hop, the share that attends that hop's supporting fact), ``n`` and the mean test ``log_likelihood``."""
     predictions = predict_qa(head, data) if predictions is None else predictions
     hits = [prediction["answer"] == record.answer for prediction, record in zip(predictions, data.records)]
     paths = torch.tensor([prediction["facts"] for prediction in predictions], dtype=torch.long)
@@ -123,6 +123,7 @@ def evaluate_qa(head, data: QAData, predictions: Optional[List[dict]] = None) ->
     return {
         "answer_accuracy": sum(hits) / len(hits),
         "fact_accuracy": data.fact_accuracy(paths),
+        "hop_fact_accuracy": data.hop_fact_accuracy(paths),
         "n": len(data),
         "log_likelihood": log_likelihood if math.isfinite(log_likelihood) else None,
     }
@@ -212,6 +213,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "hops": hops,
         "seconds": round(seconds, 2),
         "log_likelihood": _json_number(scores["log_likelihood"]),
+        "hop_fact_accuracy": scores["hop_fact_accuracy"],
         **(extra or {}),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")

@@ -148,3 +148,13 @@ def test_supporting_matches_merges_repeats_and_keeps_order():
     paths = torch.tensor([[3, 6], [6, 3], [3, 3], [3, 6], [3, 3]])
     supporting = [(3, 6), (3, 6), (3,), (3, 6, 9), None]
     assert qa_jsonl.supporting_matches(paths, supporting).tolist() == [True, False, True, False, False]
+
+
+def test_hop_fact_accuracy_counts_each_hop_against_its_supporting_fact(tmp_path):
+    records = qa_jsonl.read_qa_jsonl(write_lines(tmp_path / "train.jsonl", LINES))
+    data = QAVocabulary.build(records).encode(records)
+    paths = torch.tensor([[1, 2], [0, 0], [2, 1]])
+    # Row 0 has supporting (1, 0): hop 1 right, hop 2 wrong; row 1 is unannotated; row 2 has (2,): hop 1 right.
+    assert data.hop_fact_accuracy(paths) == [1.0, 0.0]
+    assert data.fact_accuracy(paths) == 0.0
+    assert data.fact_accuracy(torch.tensor([[1, 0], [0, 0], [2, 2]])) == 1.0

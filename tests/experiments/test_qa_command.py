@@ -106,3 +106,21 @@ def test_qa_command_errors_are_one_line_and_nothing_is_trained(files, tmp_path, 
         assert code == 2 and len(lines) == 1 and fragment in lines[0], (argv, lines)
     assert not (tmp_path / "o" / "checkpoint.pt").exists()
     assert (taken / "checkpoint.pt").read_bytes() == b"trained"
+
+
+def test_babi_command_runs_the_facts_head_by_default(tmp_path, capsys):
+    out = tmp_path / "babi"
+    code = main(["babi", "--task", "1", "--max-train", "200", "--steps", "30", "--out", str(out), "--no-progress"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    # The default hops are the task's supporting facts (1), and the run went through the facts path.
+    assert results["encoding"] == "facts" and results["hops"] == 1 and results["task"] == 1
+    assert results["n_train"] == 200 and results["n_test"] == 1000
+    assert results["answer_accuracy"] > 0.5 and results["fact_accuracy"] > 0.5
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 1000
+    head, vocabulary, state = load_qa_checkpoint(out / "checkpoint.pt")
+    assert type(head).__name__ == "FactAttention" and vocabulary.num_fields == 6
+    capsys.readouterr()
+    code = main(["babi", "--task", "1", "--method", "em", "--out", str(tmp_path / "em")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--encoding positions" in lines[0]
