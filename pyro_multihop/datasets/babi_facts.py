@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from .babi import DEFAULT_DATA_DIR, DEFAULT_MEMORY, BabiQuestion, read_babi, task_files, tokenize
+from .babi import DEFAULT_MEMORY, BabiQuestion, read_task, tokenize
 from .qa_jsonl import PathLike, QARecord
 
 __all__ = ["babi_records", "answer_symbol", "load_task_records"]
@@ -64,22 +64,9 @@ def babi_records(questions: Sequence[BabiQuestion], memory: int = DEFAULT_MEMORY
     return records
 
 
-def load_task_records(
-    task: int,
-    data_dir: Optional[PathLike] = None,
-    train_dir: Optional[PathLike] = None,
-    memory: int = DEFAULT_MEMORY,
-    max_train: Optional[int] = None,
-) -> Tuple[List[QARecord], List[QARecord]]:
-    """``(train, test)`` records of one bAbI task (default: the shipped en 1k files, :data:`~.babi.DEFAULT_DATA_DIR`).
-
-    :param train_dir: directory of the training file, e.g. ``.../en-10k``. :param max_train: keep the first N.
-    """
-    data_dir = DEFAULT_DATA_DIR if data_dir is None else data_dir
-    train = read_babi(task_files(train_dir or data_dir, task, "train"))
-    if max_train is not None:
-        if isinstance(max_train, bool) or not isinstance(max_train, int) or max_train < 1:
-            raise ValueError(f"max_train must be a positive integer, got {max_train!r}")
-        train = train[:max_train]
-    test = read_babi(task_files(data_dir, task, "test"))
+def load_task_records(task: int, data_dir: Optional[PathLike] = None, train_dir: Optional[PathLike] = None,
+                      memory: int = DEFAULT_MEMORY, max_train: Optional[int] = None) -> Tuple[List[QARecord], List[QARecord]]:
+    """``(train, test)`` facts records of one bAbI task, read by :func:`~.babi.read_task` (``data_dir``,
+    ``train_dir``, ``max_train``; default the shipped en 1k files)."""
+    train, test = read_task(task, data_dir, train_dir, max_train)
     return babi_records(train, memory), babi_records(test, memory)

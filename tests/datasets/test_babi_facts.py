@@ -14,15 +14,11 @@ from pyro_multihop.datasets.qa_jsonl import QAVocabulary
 
 TASKS = [1, 2, 3, 11, 12, 13, 14, 15, 16]
 
-STORY = """1 Mary moved to the bathroom.
-2 John went to the hallway.
-3 Where is Mary? \tbathroom\t1
-4 Daniel went back to the hallway.
-5 Sandra moved to the garden.
-6 Where is Daniel? \thallway\t4
-7 Sandra went to New York.
-8 Where is Sandra? \tNew York\t7
-"""
+STORY = "".join(f"{line}\n" for line in [
+    "1 Mary moved to the bathroom.", "2 John went to the hallway.", "3 Where is Mary? \tbathroom\t1",
+    "4 Daniel went back to the hallway.", "5 Sandra moved to the garden.", "6 Where is Daniel? \thallway\t4",
+    "7 Sandra went to New York.", "8 Where is Sandra? \tNew York\t7",
+])
 
 
 def test_every_token_is_a_field_in_order_and_supporting_facts_are_indices(tmp_path):
