@@ -51,6 +51,7 @@ VERSION = 1
 MODEL_CLASSES = {
     "ChainedAttention": "pyro_multihop.models.chained:ChainedAttention",
     "TiedEmbeddingAttention": "pyro_multihop.models.tied:TiedEmbeddingAttention",
+    "FactAttention": "pyro_multihop.models.facts:FactAttention",
 }
 
 _DTYPES = {

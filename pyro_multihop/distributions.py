@@ -118,6 +118,8 @@ class CollapsedHopChain(TorchDistribution):
         context = self.context
         if value is context.target:
             return context
+        if not isinstance(context, Observations):  # another data class (FactObservations) swaps its own target
+            return context.with_target(value)
         return Observations(context.keys, context.values, context.query, value, context.mask)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:

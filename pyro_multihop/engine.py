@@ -131,11 +131,14 @@ class HopGates:
         ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
         that the last hop attends position ``i``: an emission that reads more of a position than its value
         (the structured-facts head's copy emission). With it, ``scores`` must be None.
+    :ivar extra_elements: None, or ``N -> elements``: working memory per row, in elements, that the head's
+        ``dense_chain`` and ``position_emission`` need beyond the engine's count (chunks shrink to fit).
     """
 
     def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[Observations], HopChain], n_hops: int,
                  scores: Optional[torch.Tensor] = None,
-                 position_emission: Optional[Callable[[Observations], torch.Tensor]] = None):
+                 position_emission: Optional[Callable[[Observations], torch.Tensor]] = None,
+                 extra_elements: Optional[Callable[[int], float]] = None):
         if position_emission is not None and scores is not None:
             raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
         self.log_emission = log_emission
@@ -143,12 +146,14 @@ class HopGates:
         self.n_hops = n_hops
         self.scores = scores
         self.position_emission = position_emission
+        self.extra_elements = extra_elements
         self._transition_weights = None
 
     def replace(self, **changes) -> "HopGates":
         """A copy with some fields changed."""
         fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
-                  "scores": self.scores, "position_emission": self.position_emission}
+                  "scores": self.scores, "position_emission": self.position_emission,
+                  "extra_elements": self.extra_elements}
         fields.update(changes)
         return HopGates(**fields)
 
@@ -221,6 +226,7 @@ def _chunks(n: int, rows: int) -> Iterator[slice]:
 def _rows_per_chunk(gates: HopGates, N: int, route: str, budget, extra: float = 0.0) -> int:
     S = gates.log_emission.shape[0]
     itemsize = gates.log_emission.element_size()
+    extra = extra + (0.0 if gates.extra_elements is None else gates.extra_elements(N))
     return max(1, int(_resolve_budget(budget) // _bytes_per_row(route, gates.n_hops, N, S, itemsize, extra)))
 
 
@@ -297,8 +303,8 @@ class _PositionTransitions:
     """
 
     def __init__(self, gates: HopGates, chunk: Observations, chain: Optional[HopChain]):
-        c, N = chunk.keys.shape
-        self.ok = torch.ones(c, dtype=torch.bool, device=chunk.keys.device)
+        c, N = len(chunk), chunk.context_len
+        self.ok = torch.ones(c, dtype=torch.bool, device=chunk.device)
         if chain is not None:
             self.weights = chain.trans.exp()  # (L - 1, c, N, N), rows on the simplex
             self.inverse_normalisers = None

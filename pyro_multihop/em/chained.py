@@ -52,6 +52,8 @@ from ..data import Observations
 from .. import engine
 from ..models.base import check_positive_int, check_sigma2
 from ..models.chained import ChainedAttention
+from ..fact_data import FactObservations
+from ..models.facts import EM_REFUSAL
 
 __all__ = ["ChainedEM", "SufficientStats", "EMResult", "ConvergenceWarning"]
 
@@ -414,6 +416,8 @@ class ChainedEM:
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _check_model(self, model, name: str = "model") -> None:
+        if callable(getattr(model, "em_refusal", None)):  # a head without a closed-form M-step says why
+            raise TypeError(f"{name}: {model.em_refusal()}")
         if not isinstance(model, ChainedAttention):
             raise TypeError(f"{name} must be a ChainedAttention, got {type(model).__name__}")
         if getattr(model, "max_distance", None) is not None:
@@ -431,6 +435,8 @@ class ChainedEM:
                 )
 
     def _check_data(self, obs) -> Observations:
+        if isinstance(obs, FactObservations):
+            raise TypeError(f"obs holds facts (FactObservations), the data of FactAttention. {EM_REFUSAL}")
         if not isinstance(obs, Observations):
             raise TypeError(f"obs must be pyro_multihop.Observations, got {type(obs).__name__}")
         obs.check_sizes(self.num_symbols, self.num_targets)

@@ -1,0 +1,439 @@
+"""The structured-facts head: exact multi-hop attention over facts of several fields, reading the whole question.
+
+Generative story for one row (``N`` facts of ``F`` fields, a question of ``M`` tokens, ``L`` hops, one
+vocabulary of ``S`` symbols for facts, question and answer)::
+
+    w_l = softmax_m(choice[l, q_m] + choice_position[l, m])              # (M,) hop l's soft pick of question tokens
+    z_1 ~ Categorical(softmax_j(s_1(j)))                                 # over real facts j
+    for l = 2..L:
+        z_l ~ Categorical(softmax_j(s_l(z_{l-1}, j)))                     # reads every field of fact z_{l-1}
+    target ~ Categorical(emission(fact z_L))                             # (S,): a table of a field, or a copy
+
+    question ──> z_1 ──> z_2 ──> ... ──> z_L ──> target
+                  │        │               │
+            (facts (N, F), observed; every hop also reads the question)
+
+The score of candidate fact ``j`` at hop ``l``, given the fact ``i`` the previous hop attended, is a sum of
+learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i``, ``[.]`` an indicator,
+``U`` = :data:`~pyro_multihop.models.chained.DISTANCE_UNIT`)::
+
+    s_l(i, j) = sum_m w_l[m] sum_b (question_equality[l, b] [q_m == f_j^b] + question_tables[l, b][q_m, f_j^b])
+              + sum_{a, b} (field_equality[l, a, b] [f_i^a == f_j^b] + content_tables[l, a, b][f_i^a, f_j^b])
+              + (age_slopes[l] + sum_a age_by_symbol[l, a, f_i^a]) min(age_j, D) / U
+              + (offset_slopes[l] + sum_a offset_by_symbol[l, a, f_i^a]) min(|rank_j - rank_i|, D) / U
+              + (direction_logits[l] + sum_a direction_by_symbol[l, a, f_i^a]) [rank_j > rank_i]
+              + sum_{d, a} (nearest_weights[l, d, a] + sum_c nearest_by_symbol[l, d, c, f_i^c]) [j = near_d^a(i)]
+
+Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L.
+``age_j`` counts the real facts after ``j``, ``rank_j`` those before it; ``near_before^a(i)``
+(``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
+Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission
+mixes, over the real fields ``a`` of the last fact, a learned table and a copy::
+
+    p(t | fact i) ∝ sum_a [real field a of i] (mix[0, a] softmax(emission_tables[a][f_i^a])[t] + mix[1, a] [t == f_i^a])
+
+with ``mix = softmax(emission_mix)`` over the ``2 F`` components. Every term depends on the previous hop
+only through its fact ``i``, so the hop latents form a Markov chain over facts: the likelihood, marginals,
+MAP and k-best paths, samples and entropy are exact (the engine's dense route, ``O(L N^2)`` per row).
+``ChainedAttention`` is the special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0, 0]``
+= its first score table, ``content_tables[l, 1, 0]`` = the later ones, the emission the value field's table.
+
+Memory: the dense factors of a chunk are built one field pair at a time, so a chunk of ``c`` rows holds
+``O(c N^2)`` (never a ``(c, N, N, F, F)`` tensor); the emission holds ``(c, N, S)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import config_enumerate
+from pyro.nn import pyro_method
+from pyro.ops.indexing import Vindex
+
+from .. import engine
+from ..checks import check_number
+from ..distributions import CollapsedHopChain, GateCategorical
+from ..fact_data import FactObservations, fact_chain_vocabulary
+from ..gates import flat_gather, flat_index, log_normalize, table_gather
+from ..hop_chain import MASKED_LOGIT, HopChain
+from .base import HopAttentionHead, check_positive_int
+from .chained import DISTANCE_UNIT
+
+__all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "PARAMETER_SHAPES", "EM_REFUSAL"]
+
+#: Why :class:`FactAttention` has no EM: every term sits inside a hop's softmax normaliser (the emission's mix
+#: inside its own), so the expected complete-data log-likelihood has no closed-form maximiser.
+EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
+              "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
+
+#: Shape of every parameter, in terms of ``L`` hops, ``F`` fields, ``S`` symbols and ``P`` question positions.
+PARAMETER_SHAPES = {
+    "question_choice": "(L, S)",
+    "question_position": "(L, P)",
+    "question_equality": "(L, F)",
+    "question_tables": "(L, F, S, S)",
+    "field_equality": "(L - 1, F, F)",
+    "content_tables": "(L - 1, F, F, S, S)",
+    "age_slopes": "(L,)",
+    "age_by_symbol": "(L - 1, F, S)",
+    "offset_slopes": "(L - 1,)",
+    "offset_by_symbol": "(L - 1, F, S)",
+    "direction_logits": "(L - 1,)",
+    "direction_by_symbol": "(L - 1, F, S)",
+    "nearest_weights": "(L - 1, 2, F)",
+    "nearest_by_symbol": "(L - 1, 2, F, S)",
+    "emission_tables": "(F, S, S)",
+    "emission_mix": "(2 F,)",
+}
+
+
+def _shape(spec: str, L: int, F: int, S: int, P: int) -> tuple:
+    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F": 2 * F, "2": 2}
+    return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
+
+
+def _padded(table: torch.Tensor, dims: int) -> torch.Tensor:
+    """``table`` with one zero appended along each of its last ``dims`` dims: the row/column of symbol ``S``,
+    which stands for a padded field or token, so that padding enters no term."""
+    return torch.nn.functional.pad(table, (0, 1) * dims)
+
+
+class _Chunk:
+    """What the terms read from a chunk of rows: symbols with padding mapped to ``S``, masks, ranks."""
+
+    def __init__(self, obs: FactObservations, num_symbols: int, max_distance: int, dtype):
+        S = num_symbols
+        self.real = obs.full_mask()  # (c, N)
+        self.real_fields = obs.real_fields()  # (c, N, F)
+        self.fields = obs.facts.masked_fill(~self.real_fields, S)  # (c, N, F), padding -> S
+        self.real_tokens = obs.real_tokens()  # (c, M)
+        self.question = obs.question.masked_fill(~self.real_tokens, S)  # (c, M)
+        rank = self.real.long().cumsum(-1) - 1  # real facts before each fact
+        age = self.real.long().sum(-1, keepdim=True) - 1 - rank  # real facts after it
+        self.age = age.clamp(0, max_distance).to(dtype) / DISTANCE_UNIT  # (c, N)
+        offset = rank.unsqueeze(-1) - rank.unsqueeze(-2)  # (c, N_i, N_j): rank_i - rank_j
+        self.distance = offset.abs().clamp(max=max_distance).to(dtype) / DISTANCE_UNIT  # (c, N, N)
+        self.later = (offset < 0).to(dtype)  # [rank_j > rank_i]
+        self.nearest = None
+
+
+def nearest_sharing(fields: torch.Tensor, real_fields: torch.Tensor) -> torch.Tensor:
+    """``(c, N, 2, F)``: for each fact ``i``, the nearest real fact before it (``[..., 0, a]``) and after it
+    (``[..., 1, a]``) whose field ``a`` equals ``f_i^a`` (both real), or -1 where there is none.
+
+    :param fields: ``(c, N, F)`` symbols. :param real_fields: ``(c, N, F)`` bool (False on padded facts too).
+    """
+    c, N, F = fields.shape
+    position = torch.arange(N, device=fields.device)
+    before = position.view(1, N) < position.view(N, 1)  # (N_i, N_j): j before i
+    out = torch.full((c, N, 2, F), -1, dtype=torch.long, device=fields.device)
+    for a in range(F):
+        shares = (fields[..., a].unsqueeze(-1) == fields[..., a].unsqueeze(-2))  # (c, N_i, N_j)
+        shares &= real_fields[..., a].unsqueeze(-1) & real_fields[..., a].unsqueeze(-2)
+        last_before = torch.where(shares & before, position, -1).amax(-1)
+        first_after = torch.where(shares & before.t(), position, N).amin(-1)
+        out[..., 0, a] = last_before
+        out[..., 1, a] = torch.where(first_after < N, first_after, -1)
+    return out
+
+
+class FactAttention(HopAttentionHead):
+    """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
+
+    The generative story and the terms of the score are in the module docstring; every parameter is an
+    unconstrained ``torch.nn.Parameter`` named as in :data:`PARAMETER_SHAPES` (0 at the start, except
+    ``emission_tables`` and ``emission_mix``, uniform at 0 too), so the head starts attending uniformly.
+
+    :param int n_hops: ``L``.
+    :param int num_fields: ``F``, fields per fact.
+    :param int num_symbols: ``S``, the one vocabulary of facts, questions and answers (so ``num_targets = S``).
+    :param int max_question_len: ``P``, the longest question (positions of the ``question_position`` logits).
+    :param int max_distance: ``D``, where age and offset are clipped.
+    :param dtype: dtype of the parameters (default: torch's default).
+    :param dict init: optional initial values ``{name: tensor}`` (shapes as in :data:`PARAMETER_SHAPES`);
+        ``emission_mix`` may be given as probabilities under the name ``"emission_mix_probs"`` (zeros allowed:
+        a component switched off exactly).
+
+    Example::
+
+        >>> from pyro_multihop import FactAttention, fact_chain_task
+        >>> obs = fact_chain_task(50, seed=0)
+        >>> head = FactAttention(2, 3, obs.num_symbols)
+        >>> head.log_likelihood(obs).shape
+        torch.Size([50])
+    """
+
+    def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
+                 max_distance: int = 100, *, dtype=None, init: Optional[dict] = None):
+        super().__init__()
+        self.n_hops = check_positive_int("n_hops", n_hops)
+        self.num_fields = check_positive_int("num_fields", num_fields)
+        self.num_symbols = check_positive_int("num_symbols", num_symbols)
+        self.num_targets = self.num_symbols
+        self.max_question_len = check_positive_int("max_question_len", max_question_len)
+        self.max_distance = check_positive_int("max_distance", max_distance)
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        init = dict(init or {})
+        probs = init.pop("emission_mix_probs", None)
+        if probs is not None:
+            init["emission_mix"] = _mix_logits(torch.as_tensor(probs, dtype=dtype), 2 * num_fields)
+        unknown = sorted(set(init) - set(PARAMETER_SHAPES))
+        if unknown:
+            raise ValueError(f"init names unknown parameters {unknown}; known are {sorted(PARAMETER_SHAPES)}")
+        for name, spec in PARAMETER_SHAPES.items():
+            shape = _shape(spec, n_hops, num_fields, num_symbols, max_question_len)
+            value = torch.zeros(shape, dtype=dtype) if name not in init else _initial(name, init[name], shape, dtype)
+            setattr(self, name, torch.nn.Parameter(value))
+
+    def config(self) -> dict:
+        return {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
+                "max_question_len": self.max_question_len, "max_distance": self.max_distance}
+
+    def svi_defaults(self) -> dict:
+        """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
+        decaying to 0.01, and weight decay 1e-3 on the symbol tables (a Gaussian prior that keeps the
+        tables, which could memorise the training symbols, small beside the equality weights, which carry
+        over to symbols never seen)."""
+        tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
+                  "direction_by_symbol", "nearest_by_symbol", "emission_tables")
+        return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
+                "weight_decay": {name: 1e-3 for name in tables}}
+
+    # -- validation -----------------------------------------------------------------------------------------
+    def check_observations(self, obs, name: str = "obs") -> FactObservations:
+        """Raise ``TypeError``/``ValueError`` naming the field if ``obs`` does not fit this head."""
+        if not isinstance(obs, FactObservations):
+            raise TypeError(f"{name} must be pyro_multihop.FactObservations, got {type(obs).__name__}")
+        if obs.num_fields != self.num_fields:
+            raise ValueError(f"{name}.facts must have num_fields = {self.num_fields} fields, got {obs.num_fields}")
+        if obs.question_len > self.max_question_len:
+            raise ValueError(f"{name}.question must have at most max_question_len = {self.max_question_len} tokens, got {obs.question_len}")
+        obs.check_sizes(self.num_symbols)
+        return obs
+
+    # -- the terms of the score ------------------------------------------------------------------------------
+    def _chunk(self, obs: FactObservations) -> _Chunk:
+        return _Chunk(obs, self.num_symbols, self.max_distance, self.age_slopes.dtype)
+
+    def question_weights(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+        """``(c, M)``: hop ``hop``'s soft choice among the question's real tokens (rows on the simplex)."""
+        M = chunk.question.shape[1]
+        logits = _padded(self.question_choice[hop], 1)[chunk.question] + self.question_position[hop, :M]
+        return log_normalize(logits.masked_fill(~chunk.real_tokens, MASKED_LOGIT)).exp()
+
+    def question_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+        """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``."""
+        weights = self.question_weights(hop, chunk).unsqueeze(-1)  # (c, M, 1)
+        S = self.num_symbols
+        eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
+        term = 0.0
+        for b in range(self.num_fields):
+            table = _padded(self.question_tables[hop, b] + self.question_equality[hop, b] * eye, 2)  # (S+1, S+1)
+            match = table_gather(table, chunk.question.unsqueeze(-1), chunk.fields[..., b].unsqueeze(-2))  # (c, M, N)
+            term = term + (weights * match).sum(-2)  # a (c, 1, M) x (c, M, N) bmm is slower for short M
+        return term
+
+    def pair_term(self, hop: int, chunk: _Chunk, indices: list) -> torch.Tensor:
+        """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``,
+        one field pair at a time (``indices``: the flat ``(S+1, S+1)`` index of each pair, ``(c, N, N)``)."""
+        S = self.num_symbols
+        eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
+        tables = _padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
+        term = 0.0
+        F = self.num_fields
+        for pair, index in enumerate(indices):
+            term = term + flat_gather(tables[pair // F, pair % F], index)
+        return term
+
+    def _by_previous(self, name: str, hop: int, chunk: _Chunk) -> torch.Tensor:
+        """``(c, N)``: ``sum_a name[hop - 1, a, f_i^a]``, a weight that depends on the previous fact's fields."""
+        table = _padded(getattr(self, name)[hop - 1], 1)  # (F, S + 1)
+        return table.gather(1, chunk.fields.flatten(0, 1).t()).t().reshape(chunk.fields.shape).sum(-1)
+
+    def order_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+        """``(c, N, N)``: age, offset and direction, with slopes that depend on the previous fact ``i``."""
+        k = hop - 1
+        age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.age.unsqueeze(-2)
+        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.distance
+        later = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.later
+        return age + offset + later
+
+    def nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
+        ``j = near_d^a(i)``: a scatter of ``2 F`` numbers per row ``i``, no ``(N, N)`` feature tensor."""
+        if chunk.nearest is None:
+            chunk.nearest = nearest_sharing(chunk.fields, chunk.real_fields)
+        nearest = chunk.nearest.flatten(-2)  # (c, N, 2F)
+        c, N, F = chunk.fields.shape
+        by_symbol = _padded(self.nearest_by_symbol[hop - 1], 1)  # (2, F, S + 1)
+        index = chunk.fields.reshape(c * N, F).t()  # (F, cN)
+        depends = torch.stack([by_symbol[d].gather(1, index).sum(0) for d in range(2)], -1).view(c, N, 2, 1)
+        weights = (self.nearest_weights[hop - 1] + depends).flatten(-2)  # (c, N, 2F)
+        weights = weights * (nearest >= 0)
+        return logits.scatter_add(-1, nearest.clamp_min(0), weights)
+
+    def hop_logits(self, obs: FactObservations, chunk: Optional[_Chunk] = None):
+        """Unnormalised gate logits, padded facts at ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``,
+        ``later[l - 2][r, i, j] = s_l(i, j)``."""
+        chunk = self._chunk(obs) if chunk is None else chunk
+        column_mask = ~chunk.real.unsqueeze(-2)
+        first = self.question_term(0, chunk) + self.age_slopes[0] * chunk.age
+        first = first.masked_fill(~chunk.real, MASKED_LOGIT)
+        later = []
+        if self.n_hops > 1:
+            F, S = self.num_fields, self.num_symbols
+            indices = [flat_index(chunk.fields[..., a].unsqueeze(-1), chunk.fields[..., b].unsqueeze(-2), S + 1)
+                       for a in range(F) for b in range(F)]
+        for hop in range(1, self.n_hops):
+            logits = self.question_term(hop, chunk).unsqueeze(-2) + self.pair_term(hop, chunk, indices)
+            logits = self.nearest_term(hop, chunk, logits + self.order_term(hop, chunk))
+            later.append(logits.masked_fill(column_mask, MASKED_LOGIT))
+        return first, later
+
+    def hop_chain(self, obs: FactObservations) -> HopChain:
+        """Dense log factors of the hop chain of a chunk (``init (c, N)``, ``trans (L - 1, c, N, N)``)."""
+        first, later = self.hop_logits(obs)
+        c, N = first.shape
+        trans = torch.stack([log_normalize(x) for x in later]) if later else first.new_zeros(0, c, N, N)
+        return HopChain(log_normalize(first), trans)
+
+    def emission_log_probs(self, obs: FactObservations) -> torch.Tensor:
+        """``(c, N, S)`` normalised ``log p(target = t | z_L = i)``: each real field's table mixed with its copy.
+
+        Mixed in probability space (``F`` row lookups and one scatter of the copies), then one logarithm;
+        a probability below the dtype's smallest normal number is raised to it (so a target the mixture
+        cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
+        real = obs.real_fields().to(self.emission_mix.dtype)  # (c, N, F)
+        F = self.num_fields
+        mix = self.emission_mix.softmax(-1).view(2, F)
+        tables, copies = real * mix[0], real * mix[1]  # (c, N, F): each component's weight at each fact
+        total = (tables + copies).sum(-1, keepdim=True)  # (c, N, 1); 0 at padded facts (never attended)
+        total = total.masked_fill(total == 0, 1.0)
+        rows = self.emission_tables.softmax(-1)  # (F, S, S)
+        probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a]) for a in range(F))
+        probs = probs.scatter_add(-1, obs.facts, copies)
+        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+    @property
+    def log_emission(self) -> torch.Tensor:
+        """``(S, S)`` the first field's emission table (log-softmax), the engine's ``log_emission``: its shape,
+        dtype and device; targets come from :meth:`emission_log_probs` (``HopGates.position_emission``)."""
+        return self.emission_tables[0].log_softmax(-1)
+
+    def hop_gates(self) -> engine.HopGates:
+        """The dense factors and the per-fact emission as the engine takes them."""
+        F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
+
+        def extra_elements(N: int) -> float:
+            # pair indices (int64) and their gathers, the order terms of a hop, the emission's logaddexps,
+            # the question's (M, N) matches
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 5 * N * S + 2 * P * N * F
+
+        return engine.HopGates(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
+                               extra_elements=extra_elements)
+
+    # -- queries that need the data class --------------------------------------------------------------------
+    def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n, S)`` predictive answer distribution, the hop latents marginalised (targets unused)."""
+        self.check_observations(obs)
+        return engine.predict_proba(self.hop_gates(), obs, budget)
+
+    def value_marginals(self, obs, *, budget: Optional[int] = None):
+        """Not defined: a fact has ``F`` symbols, not one value (use :meth:`hop_marginals` and ``obs.facts``)."""
+        raise TypeError("FactAttention has no value_marginals: a fact holds F symbols, not one value; "
+                        "combine hop_marginals(obs) with obs.facts instead")
+
+    def sample(self, n: int, context_len: int = 6, seed: Optional[int] = None):
+        """Not defined: facts, questions and their masks have no prior here (use ``fact_chain_task``)."""
+        raise TypeError("FactAttention.sample needs facts and questions: simulate them with fact_chain_task")
+
+    # -- Pyro models ---------------------------------------------------------------------------------------------
+    @pyro_method
+    @config_enumerate
+    def model(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
+        """Enumerated model: plate ``observations`` (dim -1), hop sites ``z_1..z_L`` (enumerated in parallel) and
+        the observed ``target``, sampled inside the last hop's ``pyro.markov`` iteration. ``Trace.format_shapes()``
+        (L = 2, n = 4, N = 6): ``z_1`` value ``(6, 1)``, ``z_2`` value ``(6, 1, 1)``, ``target`` dist ``(6, 1, 4)``."""
+        self.check_observations(obs)
+        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
+            first, later = self.hop_logits(batch)
+            log_emission = self.emission_log_probs(batch)  # (c, N, S)
+            rows = torch.arange(len(batch), device=batch.device)
+            position = None
+            for hop in pyro.markov(range(self.n_hops)):
+                logits = first if hop == 0 else Vindex(later[hop - 1])[rows, position]  # (..., c, N)
+                position = pyro.sample(f"z_{hop + 1}", GateCategorical(logits), infer={"enumerate": "parallel"})
+                if hop == self.n_hops - 1:
+                    pyro.sample("target", dist.Categorical(logits=Vindex(log_emission)[rows, position]), obs=batch.target)
+
+    @pyro_method
+    def collapsed_model(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
+        """The model with the hop path summed out by the engine: one site ``target ~ CollapsedHopChain``."""
+        self.check_observations(obs)
+        gates = self.hop_gates()
+        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+            batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
+            pyro.sample("target", CollapsedHopChain(gates, batch), obs=batch.target)
+
+    @pyro_method
+    def guide(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
+        """The empty guide: every latent is enumerated (or summed out), so the ELBO is the exact log-likelihood."""
+
+    def em_refusal(self) -> str:
+        """Why this head has no EM (:data:`EM_REFUSAL`); ``ChainedEM`` raises it when handed this head or its data."""
+        return EM_REFUSAL
+
+    def extra_repr(self) -> str:
+        return (f"n_hops={self.n_hops}, num_fields={self.num_fields}, num_symbols={self.num_symbols}, "
+                f"max_question_len={self.max_question_len}, max_distance={self.max_distance}")
+
+
+def _mix_logits(probs: torch.Tensor, size: int) -> torch.Tensor:
+    if probs.shape != (size,) or (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-6:
+        raise ValueError(f"emission_mix_probs must be {size} non-negative numbers summing to 1, got {probs.tolist()}")
+    return torch.where(probs > 0, probs.log(), torch.full_like(probs, MASKED_LOGIT))
+
+
+def _initial(name: str, value, shape: tuple, dtype) -> torch.Tensor:
+    value = torch.as_tensor(value)
+    if not value.dtype.is_floating_point:
+        raise TypeError(f"init[{name!r}] must be a floating-point tensor, got dtype {value.dtype}")
+    if tuple(value.shape) != shape:
+        raise ValueError(f"init[{name!r}] must have shape {PARAMETER_SHAPES[name]} = {shape}, got {tuple(value.shape)}")
+    if name != "emission_mix" and not torch.isfinite(value).all():
+        raise ValueError(f"init[{name!r}] must be finite, got a NaN or inf entry")
+    return value.detach().clone().to(dtype)
+
+
+def fact_chain_truth(hops: int = 2, num_relations: int = 4, train_entities: int = 40, test_entities: int = 20,
+                     strength: float = 20.0, dtype=None) -> FactAttention:
+    """The generating structure of :func:`~pyro_multihop.fact_data.fact_chain_task` as a :class:`FactAttention`.
+
+    Hop ``l`` picks question word ``l`` (and hop 1 also the entity, the last token) by position; question word
+    ``R + r`` matches relation ``r`` in field 1 (``question_tables``) and the entity matches field 0 by
+    equality; from hop 2 on, the previous fact's object (field 2) must equal the candidate's subject
+    (``field_equality[l, 2, 0]``); the answer copies the last fact's object. ``strength`` scales every weight.
+    """
+    check_number("strength", strength, strict=True)
+    vocabulary = fact_chain_vocabulary(num_relations, train_entities, test_entities)
+    L, S, P = hops, vocabulary.num_symbols, hops + 1
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    position = torch.full((L, P), -strength, dtype=dtype)
+    for hop in range(L):
+        position[hop, hop] = 0.0
+    position[0, L] = 0.0  # hop 1 also reads the entity
+    question_equality = torch.zeros(L, 3, dtype=dtype)
+    question_equality[0, 0] = 2 * strength  # half of hop 1's choice is the entity, matched to the subject
+    question_tables = torch.zeros(L, 3, S, S, dtype=dtype)
+    for r in vocabulary.relations:
+        question_tables[:, 1, vocabulary.question_words[r], r] = strength
+    question_tables[0] *= 2  # hop 1 gives the relation word half of its choice
+    field_equality = torch.zeros(max(L - 1, 0), 3, 3, dtype=dtype)
+    field_equality[:, 2, 0] = strength
+    init = {"question_position": position, "question_equality": question_equality, "question_tables": question_tables,
+            "field_equality": field_equality, "emission_mix_probs": [0, 0, 0, 0, 0, 1]}
+    return FactAttention(hops, 3, S, max_question_len=P, dtype=dtype, init=init)

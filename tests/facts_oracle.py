@@ -1,0 +1,186 @@
+"""Brute-force oracle of the structured-facts head: every score from its formula, one fact pair at a time, and
+every hop path enumerated (``N^L`` of them), with plain torch scalar ops so that autograd gives the gradients.
+
+Independent of the head's vectorised code: no padded tables, no flat indices, no scatter; ranks, ages and the
+nearest facts sharing a field are found by Python loops over the real facts.
+"""
+
+import itertools
+import math
+
+import torch
+
+UNIT = 10.0  # DISTANCE_UNIT
+
+
+def real_field_symbols(obs, row, i):
+    """``{a: symbol}`` of the real fields of fact ``i``."""
+    real = obs.real_fields()
+    return {a: int(obs.facts[row, i, a]) for a in range(obs.num_fields) if bool(real[row, i, a])}
+
+
+def nearest_fact(obs, row, real, i, a, direction):
+    """The nearest real fact before (``direction = 0``) or after (1) fact ``i`` whose field ``a`` equals ``i``'s."""
+    mine = real_field_symbols(obs, row, i)
+    if a not in mine:
+        return None
+    order = [j for j in real if (j < i if direction == 0 else j > i)]
+    for j in (reversed(order) if direction == 0 else order):
+        if real_field_symbols(obs, row, j).get(a) == mine[a]:
+            return j
+    return None
+
+
+def score(p, obs, row, hop, previous, j, D):
+    """The gate logit of candidate ``j`` at 0-based ``hop`` after fact ``previous`` (None at hop 0)."""
+    real = [i for i in range(obs.num_facts) if bool(obs.full_mask()[row, i])]
+    tokens = [m for m in range(obs.question_len) if bool(obs.real_tokens()[row, m])]
+    choice = torch.stack([p["question_choice"][hop, int(obs.question[row, m])] + p["question_position"][hop, m] for m in tokens])
+    weights = torch.softmax(choice, 0)
+    fj = real_field_symbols(obs, row, j)
+    total = 0.0
+    for w, m in zip(weights, tokens):
+        q = int(obs.question[row, m])
+        for b, symbol in fj.items():
+            total = total + w * (p["question_equality"][hop, b] * float(q == symbol) + p["question_tables"][hop, b, q, symbol])
+    rank = {i: r for r, i in enumerate(real)}
+    age = min(len(real) - 1 - rank[j], D) / UNIT
+    if previous is None:
+        return total + p["age_slopes"][0] * age
+    k = hop - 1
+    fi = real_field_symbols(obs, row, previous)
+    for a, sa in fi.items():
+        for b, sb in fj.items():
+            total = total + p["field_equality"][k, a, b] * float(sa == sb) + p["content_tables"][k, a, b, sa, sb]
+    age_slope = p["age_slopes"][hop] + sum(p["age_by_symbol"][k, a, s] for a, s in fi.items())
+    offset_slope = p["offset_slopes"][k] + sum(p["offset_by_symbol"][k, a, s] for a, s in fi.items())
+    forward = p["direction_logits"][k] + sum(p["direction_by_symbol"][k, a, s] for a, s in fi.items())
+    total = total + age_slope * age + offset_slope * min(abs(rank[j] - rank[previous]), D) / UNIT
+    total = total + forward * float(rank[j] > rank[previous])
+    for direction in range(2):
+        depends = sum(p["nearest_by_symbol"][k, direction, a, s] for a, s in fi.items())
+        for a in range(obs.num_fields):
+            if nearest_fact(obs, row, real, previous, a, direction) == j:
+                total = total + p["nearest_weights"][k, direction, a] + depends
+    return total
+
+
+def gate(p, obs, row, hop, previous, D):
+    """``{j: log p(z = j | previous)}`` over the real facts."""
+    real = [i for i in range(obs.num_facts) if bool(obs.full_mask()[row, i])]
+    scores = torch.stack([torch.as_tensor(score(p, obs, row, hop, previous, j, D), dtype=torch.float64) for j in real])
+    return dict(zip(real, torch.log_softmax(scores, 0)))
+
+
+def emission(p, obs, row, i):
+    """``(S,)`` ``log p(target | fact i)`` from the mixture's definition."""
+    fi = real_field_symbols(obs, row, i)
+    F = obs.num_fields
+    mix = torch.softmax(p["emission_mix"], 0)
+    S = p["emission_tables"].shape[-1]
+    probs = 0.0
+    for a, symbol in fi.items():
+        probs = probs + mix[a] * torch.softmax(p["emission_tables"][a, symbol], 0) + mix[F + a] * torch.eye(S, dtype=torch.float64)[symbol]
+    norm = sum(mix[a] + mix[F + a] for a in fi)
+    return torch.log(probs / norm)
+
+
+def path_tables(head, obs, params=None):
+    """Per row ``{path: (log prior, log joint)}`` over every path of real facts, and per row the ``(S,)``
+    predictive; ``params`` (default: the head's parameters in float64) may require grad."""
+    p = params if params is not None else {k: v.detach().double() for k, v in head.named_parameters()}
+    D = head.max_distance
+    tables, predictive = [], []
+    for row in range(len(obs)):
+        real = [i for i in range(obs.num_facts) if bool(obs.full_mask()[row, i])]
+        gates = {(0, None): gate(p, obs, row, 0, None, D)}
+        for hop in range(1, head.n_hops):
+            for i in real:
+                gates[(hop, i)] = gate(p, obs, row, hop, i, D)
+        emissions = {i: emission(p, obs, row, i) for i in real}
+        table, mixture = {}, 0.0
+        for path in itertools.product(real, repeat=head.n_hops):
+            prior = gates[(0, None)][path[0]]
+            for hop in range(1, head.n_hops):
+                prior = prior + gates[(hop, path[hop - 1])][path[hop]]
+            table[path] = (prior, prior + emissions[path[-1]][int(obs.target[row])])
+            mixture = mixture + prior.exp() * emissions[path[-1]].exp()
+        tables.append(table)
+        predictive.append(mixture)
+    return tables, predictive
+
+
+def log_likelihood(tables):
+    """``(n,)`` differentiable log-likelihoods."""
+    return torch.stack([torch.logsumexp(torch.stack([joint for _, joint in t.values()]), 0) for t in tables])
+
+
+def summaries(tables, N, L):
+    """Hop marginals ``(L, n, N)``, pairwise ``(L - 1, n, N, N)``, MAP paths given the target and of the prior
+    ``(n, L)``, and per row the log-joint table ``path -> float`` (for entropy, k-best, sampling)."""
+    n = len(tables)
+    marginals = torch.zeros(L, n, N, dtype=torch.float64)
+    pairwise = torch.zeros(max(L - 1, 0), n, N, N, dtype=torch.float64)
+    map_given, map_prior, log_joints = [], [], []
+    for row, table in enumerate(tables):
+        joints = {path: float(joint) for path, (_, joint) in table.items()}
+        total = math.log(math.fsum(math.exp(v) for v in joints.values()))
+        for path, value in joints.items():
+            weight = math.exp(value - total)
+            for hop, position in enumerate(path):
+                marginals[hop, row, position] += weight
+            for hop in range(L - 1):
+                pairwise[hop, row, path[hop], path[hop + 1]] += weight
+        map_given.append(max(sorted(joints), key=lambda path: joints[path]))
+        map_prior.append(max(sorted(table), key=lambda path: float(table[path][0])))
+        log_joints.append(joints)
+    return {
+        "hop_marginals": marginals,
+        "pairwise_marginals": pairwise,
+        "map_given": torch.tensor(map_given),
+        "map_prior": torch.tensor(map_prior),
+        "log_joints": log_joints,
+        "log_priors": [{path: float(prior) for path, (prior, _) in table.items()} for table in tables],
+    }
+
+
+def random_fact_observations(n, N, F, M, S, seed=0, padded=True):
+    """Seeded random rows; with ``padded``, padded facts anywhere (fact 0 or another real), padded fields of real
+    facts (one field always real), padded question tokens, -1 at every padding, and half the targets copied
+    from a real field (so copy and table both matter)."""
+    from pyro_multihop import FactObservations
+
+    g = torch.Generator().manual_seed(seed)
+    facts = torch.randint(S, (n, N, F), generator=g)
+    question = torch.randint(S, (n, M), generator=g)
+    target = torch.randint(S, (n,), generator=g)
+    fact_mask = field_mask = question_mask = None
+    if padded:
+        fact_mask = torch.rand(n, N, generator=g) > 0.3
+        fact_mask[torch.arange(n), torch.randint(N, (n,), generator=g)] = True
+        field_mask = (torch.rand(n, N, F, generator=g) > 0.3) & fact_mask.unsqueeze(-1)
+        field_mask[torch.arange(n), :, torch.randint(F, (n,), generator=g)] |= fact_mask
+        question_mask = torch.rand(n, M, generator=g) > 0.3
+        question_mask[torch.arange(n), torch.randint(M, (n,), generator=g)] = True
+        facts = facts.masked_fill(~field_mask, -1)
+        question = question.masked_fill(~question_mask, -1)
+    obs = FactObservations(facts, question, target, fact_mask, field_mask, question_mask)
+    copy = torch.rand(n, generator=g) < 0.5
+    real = obs.real_fields().flatten(1)
+    pick = torch.multinomial(real.double(), 1, generator=g).squeeze(1)
+    target = torch.where(copy, obs.facts.flatten(1).gather(1, pick[:, None]).squeeze(1), target)
+    return FactObservations(facts, question, target, fact_mask, field_mask, question_mask)
+
+
+def random_fact_head(L, F, S, P, seed=0, scale=1.0, max_distance=3):
+    """A float64 ``FactAttention`` with every parameter seeded standard normal times ``scale``."""
+    from pyro_multihop import FactAttention
+    from pyro_multihop.models.facts import PARAMETER_SHAPES
+
+    g = torch.Generator().manual_seed(seed)
+    head = FactAttention(L, F, S, max_question_len=P, max_distance=max_distance, dtype=torch.float64)
+    with torch.no_grad():
+        for name in PARAMETER_SHAPES:
+            parameter = getattr(head, name)
+            parameter.copy_(scale * torch.randn(parameter.shape, generator=g, dtype=torch.float64))
+    return head

@@ -1,0 +1,190 @@
+"""FactAttention against brute-force enumeration of every hop path (tests/facts_oracle.py), in float64."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, TraceEnum_ELBO
+
+from pyro_multihop import ChainedAttention, ChainedEM, FactAttention, FactObservations, fact_chain_task, fact_chain_truth
+from pyro_multihop.models.facts import PARAMETER_SHAPES, nearest_sharing
+from tests import facts_oracle as oracle
+from tests.oracle import chi_square_test, path_counts, path_entropy, path_posterior, sorted_paths
+
+N, F, M, S, P = 4, 3, 3, 6, 4
+
+
+def _setting(L, padded=True, seed=0):
+    head = oracle.random_fact_head(L, F, S, P, seed=seed)
+    obs = oracle.random_fact_observations(3, N, F, M, S, seed=seed + 10, padded=padded)
+    return head, obs
+
+
+@pytest.fixture(scope="module", params=[(1, True), (2, True), (3, True), (2, False)], ids=lambda p: f"L{p[0]}-{'padded' if p[1] else 'full'}")
+def case(request):
+    L, padded = request.param
+    head, obs = _setting(L, padded)
+    tables, predictive = oracle.path_tables(head, obs)
+    return head, obs, tables, predictive, oracle.summaries(tables, N, L)
+
+
+def test_log_likelihood_and_predictive(case):
+    head, obs, tables, predictive, _ = case
+    expected = oracle.log_likelihood(tables)
+    assert torch.allclose(head.log_likelihood(obs), expected, atol=1e-9, rtol=0)
+    assert torch.allclose(head.log_likelihood(obs, budget=1), expected, atol=1e-9, rtol=0)  # one row a chunk
+    assert torch.allclose(head.predict_proba(obs), torch.stack(predictive), atol=1e-9, rtol=0)
+
+
+def test_marginals_and_map(case):
+    head, obs, _, _, expected = case
+    posterior = head.posterior(obs, pairwise=True, budget=1)
+    assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-9, rtol=0)
+    assert torch.allclose(head.pairwise_marginals(obs), expected["pairwise_marginals"], atol=1e-9, rtol=0)
+    assert torch.equal(head.map_paths(obs), expected["map_given"])
+    assert torch.equal(head.map_paths(obs, given_target=False), expected["map_prior"])
+
+
+def test_entropy_and_k_best(case):
+    head, obs, _, _, expected = case
+    given = torch.tensor([path_entropy(t) for t in expected["log_joints"]], dtype=torch.float64)
+    prior = torch.tensor([path_entropy(t) for t in expected["log_priors"]], dtype=torch.float64)
+    assert torch.allclose(head.path_entropy(obs), given, atol=1e-9, rtol=0)
+    assert torch.allclose(head.path_entropy(obs, given_target=False), prior, atol=1e-9, rtol=0)
+    paths, log_probs = head.k_best_paths(obs, 5)
+    for row, table in enumerate(expected["log_joints"]):
+        best = sorted_paths(table)[:5]
+        assert [tuple(p) for p in paths[row].tolist()][: len(best)] == [path for path, _ in best]
+        assert torch.allclose(log_probs[row, : len(best)], torch.tensor([v for _, v in best], dtype=torch.float64), atol=1e-9)
+
+
+def test_samples_follow_the_posterior(case):
+    head, obs, _, _, expected = case
+    draws = head.sample_paths(obs, 3000, seed=0)
+    statistic, dof, p_value = chi_square_test(path_counts(draws), [path_posterior(t) for t in expected["log_joints"]])
+    assert p_value > 1e-3, (statistic, dof)
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_gradients_equal_the_oracles(L):
+    head, obs = _setting(L, seed=3)
+    obs = obs[:2]
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
+    tables, _ = oracle.path_tables(head, obs, params)
+    oracle.log_likelihood(tables).sum().backward()
+    head.log_likelihood(obs).sum().backward()
+    for name, parameter in head.named_parameters():
+        if parameter.numel() == 0:  # the previous-fact terms of L = 1
+            continue
+        assert torch.allclose(parameter.grad, params[name].grad, atol=1e-9, rtol=0), name
+        assert parameter.grad.abs().sum() > 0, name  # every term enters the score
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_pyro_models_give_the_exact_loss(L):
+    head, obs = _setting(L, seed=5)
+    expected = -head.log_likelihood(obs).sum()
+    with pyro.get_param_store().scope():
+        enumerated = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)
+        collapsed = Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs)
+    assert torch.allclose(enumerated, expected, atol=1e-9, rtol=0)
+    assert torch.allclose(collapsed, expected, atol=1e-9, rtol=0)
+    enumerated_grads = torch.autograd.grad(enumerated, list(head.parameters()), allow_unused=True)
+    exact_grads = torch.autograd.grad(expected, list(head.parameters()), allow_unused=True)
+    for got, want in zip(enumerated_grads, exact_grads):
+        assert (got is None and want is None) or torch.allclose(got, want, atol=1e-9, rtol=0)
+
+
+def test_nearest_sharing_by_brute_force():
+    obs = oracle.random_fact_observations(6, 7, 3, 2, 3, seed=2)
+    nearest = nearest_sharing(obs.facts, obs.real_fields())
+    real_positions = obs.full_mask()
+    for row in range(len(obs)):
+        real = [i for i in range(7) if real_positions[row, i]]
+        for i in real:
+            for direction in range(2):
+                for a in range(3):
+                    found = oracle.nearest_fact(obs, row, real, i, a, direction)
+                    assert int(nearest[row, i, direction, a]) == (-1 if found is None else found)
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_chained_attention_is_a_special_case(L):
+    """Facts (key, value), a one-token question, the content tables = the chained score tables, the emission
+    from the value field: the same log-likelihood and gradients."""
+    torch.manual_seed(L)
+    S2 = 5
+    chained = ChainedAttention(L, S2, S2, sigma2=0.7, key_tables=torch.randn(L, S2, S2, dtype=torch.float64),
+                               emission=torch.rand(S2, S2, dtype=torch.float64).softmax(-1))
+    from tests.oracle import random_observations
+
+    obs = random_observations(4, S2, S2, 4, seed=L, masked=True)
+    scores = chained.gate_score_tables()  # (L, S, S), differentiable in the key tables
+    question_tables = torch.zeros(L, 2, S2, S2, dtype=torch.float64)
+    question_tables[0, 0] = scores[0].detach()
+    content_tables = torch.zeros(L - 1, 2, 2, S2, S2, dtype=torch.float64)
+    content_tables[:, 1, 0] = scores[1:].detach()
+    emission_tables = torch.zeros(2, S2, S2, dtype=torch.float64)
+    emission_tables[1] = chained.emission_logits.detach()
+    head = FactAttention(L, 2, S2, max_question_len=1, dtype=torch.float64, init={
+        "question_tables": question_tables, "content_tables": content_tables, "emission_tables": emission_tables,
+        "emission_mix_probs": [0.0, 1.0, 0.0, 0.0]})
+    facts = FactObservations(torch.stack([obs.keys, obs.values], -1), obs.query[:, None], obs.target, obs.mask)
+    expected = chained.log_likelihood(obs)
+    got = head.log_likelihood(facts)
+    assert torch.allclose(got, expected, atol=1e-10, rtol=0)
+    expected.sum().backward()
+    got.sum().backward()
+    later = head.content_tables.grad[:, 1, 0] if L > 1 else torch.zeros(0, S2, S2, dtype=torch.float64)
+    score_grads = torch.cat([head.question_tables.grad[:1, 0], later])
+    (key_grads,) = torch.autograd.grad(scores, chained.key_tables, score_grads)
+    assert torch.allclose(key_grads, chained.key_tables.grad, atol=1e-10, rtol=0)
+    assert torch.allclose(head.emission_tables.grad[1], chained.emission_logits.grad, atol=1e-10, rtol=0)
+
+
+def test_the_generating_structure_answers_the_simulator():
+    truth = fact_chain_truth(hops=2, dtype=torch.float64)
+    test = fact_chain_task(200, entities="test", seed=1)
+    assert truth.evaluate(test)["accuracy"] == 1.0
+    assert torch.equal(truth.map_paths(test), test.supporting)
+
+
+def test_bad_input():
+    head = FactAttention(2, 3, 10, max_question_len=2)
+    obs = oracle.random_fact_observations(2, 4, 3, 2, 10, seed=0)
+    with pytest.raises(TypeError, match="obs must be pyro_multihop.FactObservations"):
+        head.log_likelihood(obs.facts)
+    with pytest.raises(ValueError, match="num_fields = 3"):
+        head.log_likelihood(oracle.random_fact_observations(2, 4, 2, 2, 10))
+    with pytest.raises(ValueError, match="max_question_len = 2"):
+        head.log_likelihood(oracle.random_fact_observations(2, 4, 3, 3, 10))
+    with pytest.raises(ValueError, match="facts must be < num_symbols = 5"):
+        FactAttention(2, 3, 5, max_question_len=2).log_likelihood(obs)
+    with pytest.raises(ValueError, match="init names unknown parameters"):
+        FactAttention(2, 3, 5, init={"key_tables": torch.zeros(1)})
+    with pytest.raises(ValueError, match=r"init\['field_equality'\] must have shape"):
+        FactAttention(2, 3, 5, init={"field_equality": torch.zeros(2, 3, 3)})
+    with pytest.raises(TypeError, match="floating-point"):
+        FactAttention(2, 3, 5, init={"age_slopes": torch.zeros(2, dtype=torch.long)})
+    with pytest.raises(ValueError, match="emission_mix_probs"):
+        FactAttention(2, 3, 5, init={"emission_mix_probs": [1.0, 0.0]})
+    with pytest.raises(ValueError, match="n_hops must be a positive integer"):
+        FactAttention(0, 3, 5)
+    with pytest.raises(TypeError, match="no value_marginals"):
+        head.value_marginals(obs)
+
+
+def test_em_refuses_and_says_why():
+    head = FactAttention(2, 3, 10)
+    em = ChainedEM(n_hops=2, num_symbols=10, num_targets=10)
+    with pytest.raises(TypeError, match="no closed-form EM.*softmax normaliser"):
+        em.fit(oracle.random_fact_observations(2, 4, 3, 2, 10))
+    with pytest.raises(TypeError, match="no closed-form EM"):
+        em.fit(fact_chain_task(10), init=head)
+
+
+def test_parameters_are_the_documented_ones():
+    head = FactAttention(3, 2, 7, max_question_len=4)
+    assert sorted(name for name, _ in head.named_parameters()) == sorted(PARAMETER_SHAPES)
+    assert head.content_tables.shape == (2, 2, 2, 7, 7) and head.question_position.shape == (3, 4)
