@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
@@ -83,6 +84,21 @@ def write_tables(rows: list, out: Path, name: str, settings: str) -> None:
     )
 
 
+def one_run(encoding: str, task: int, hops: int, train_dir, runs_dir: Path, smoke: bool) -> dict:
+    """One task's run (in a worker process, one thread): its results with ``train_set`` and ``seconds``."""
+    torch.set_num_threads(1)
+    run = run_babi_facts if encoding == "facts" else run_babi
+    options = dict(steps=5, max_train=50) if smoke else {}
+    if train_dir is not None and not smoke:
+        options["batch_size"] = 1000  # the work of one full 1k batch per step
+    started = time.perf_counter()
+    run_name = f"task{task}_L{hops}" + ("_10k" if train_dir else "")
+    result = run(task, runs_dir / run_name, train_dir=train_dir, hops=hops, overwrite=True, **options)
+    seconds = result.get("seconds", result.get("train_seconds"))
+    result.update({"train_set": "10k" if train_dir else "1k", "seconds": seconds, "wall_seconds": time.perf_counter() - started})
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -96,32 +112,26 @@ def main(argv=None) -> int:
     parser.add_argument("--encoding", choices=["facts", "positions"], default="facts",
                         help="facts: the structured-facts head (default); positions: the chained head")
     parser.add_argument("--name", default=None, help="stem of the table files (default: babi_facts / babi)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at the same time, one process and thread each (default: 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [] if args.ten_k_only else [(task, None) for task in args.tasks]
     if args.ten_k is not None:
         runs += [(task, args.ten_k) for task in args.ten_k_tasks]
     name = args.name or {"facts": "babi_facts", "positions": "babi"}[args.encoding]
-    run = run_babi_facts if args.encoding == "facts" else run_babi
     settings = {"facts": "FactAttention with its SVI defaults (FactAttention.svi_defaults)",
                 "positions": "ChainedAttention(max_distance) with experiments.babi.BABI_SVI"}[args.encoding]
     if args.smoke:
         settings += ", smoke: 5 steps, 50 questions"
+    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke)
+            for task, train_dir in runs for hops in args.hops or [TASK_HOPS[task]]]
     rows = []
-    for task, train_dir in runs:
-        for hops in args.hops or [TASK_HOPS[task]]:
-            run_name = f"task{task}_L{hops}" + ("_10k" if train_dir else "")
-            options = dict(steps=5, max_train=50) if args.smoke else {}
-            if train_dir is not None and not args.smoke:
-                options["batch_size"] = 1000  # the work of one full 1k batch per step
-            started = time.perf_counter()
-            result = run(task, args.out / f"{name}_runs" / run_name, train_dir=train_dir, hops=hops, overwrite=True,
-                         **options)
-            seconds = result.get("seconds", result.get("train_seconds"))
-            result.update({"train_set": "10k" if train_dir else "1k", "seconds": seconds,
-                           "wall_seconds": time.perf_counter() - started})
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in as_completed([pool.submit(one_run, *job) for job in jobs]):
+            result = future.result()
             print(json.dumps(result), flush=True)
             rows.append(result)
+            rows.sort(key=lambda row: (row["train_set"], list(TASK_HOPS).index(row["task"]), row["hops"]))
             write_tables(rows, args.out, name, settings)
     return 0
 
