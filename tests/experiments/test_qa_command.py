@@ -83,7 +83,15 @@ def test_qa_command_without_supporting_gives_null_fact_accuracy(tmp_path):
     assert main(["qa", "--train", str(tmp_path / "train.jsonl"), "--test", str(tmp_path / "train.jsonl"), "--hops",
                  "1", "--steps", "3", "--out", str(out), "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["fact_accuracy"] is None and results["hops"] == 1
+    assert results["fact_accuracy"] is None and results["hops"] == 1 and results["hop_fact_accuracy"] is None
+    # A finished run resumes to the same head and results; --overwrite trains again from the start.
+    argv = ["qa", "--train", str(tmp_path / "train.jsonl"), "--test", str(tmp_path / "train.jsonl"), "--hops", "1",
+            "--steps", "3", "--out", str(out), "--no-progress"]
+    assert main(argv + ["--resume"]) == 0
+    resumed = json.loads((out / "results.json").read_text())
+    assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in results.items() if k != "seconds"}
+    assert main(argv + ["--overwrite"]) == 0
+    assert load_qa_checkpoint(out / "checkpoint.pt")[2]["step"] == 3
 
 
 def test_qa_command_errors_are_one_line_and_nothing_is_trained(files, tmp_path, capsys):
