@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "positions: two (key, value) positions a statement, the chained head (default: facts)")
     from .experiments.qa_command import add_qa_parser
 
-    qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float)
+    qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float,
+                       fraction=_number_parser(float, "a number between 0 and 1", lambda value: 0 < value < 1))
 
     paths = commands.add_parser(
         "paths",

@@ -4,26 +4,15 @@ and its entry point, which runs :func:`pyro_multihop.experiments.qa.run_qa`; and
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 from pathlib import Path
 
 __all__ = ["add_qa_parser", "qa_command", "babi_facts_command"]
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
-    return value
-
-
-def add_qa_parser(commands, positive_int=int, positive_float=float):
-    """Register ``pyro-multihop qa`` on the command line's sub-parsers; returns its parser."""
+def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=float):
+    """Register ``pyro-multihop qa`` on the command line's sub-parsers (the argument types are the command
+    line's checked parsers); returns its parser."""
     qa = commands.add_parser(
         "qa",
         help="train the structured-facts head on a QA JSON Lines file; evaluate, predict, draw",
@@ -40,7 +29,7 @@ def add_qa_parser(commands, positive_int=int, positive_float=float):
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
     qa.add_argument("--batch-size", type=positive_int, default=None, help="questions per SVI step (default: the head's)")
-    qa.add_argument("--valid-fraction", type=_fraction, default=None,
+    qa.add_argument("--valid-fraction", type=fraction, default=None,
                     help="hold out this share of the training questions to watch the held-out log-likelihood")
     qa.add_argument("--figure-rows", type=positive_int, default=3, help="test questions drawn in the figure (default: 3)")
     qa.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
