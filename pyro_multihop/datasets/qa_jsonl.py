@@ -310,20 +310,12 @@ class QAVocabulary:
                 if len(fact) > self.num_fields:
                     raise QAFormatError(f"{record.source}: facts[{index}]: has {len(fact)} tokens, more than the "
                                         f"{self.num_fields} fields of the vocabulary (the longest training fact)")
-        n = len(records)
         width = max(len(record.facts) for record in records)
         length = max(len(record.question) for record in records)
-        facts = torch.zeros(n, width, self.num_fields, dtype=torch.long)
-        field_mask = torch.zeros(n, width, self.num_fields, dtype=torch.bool)
-        fact_mask = torch.zeros(n, width, dtype=torch.bool)
-        question = torch.zeros(n, length, dtype=torch.long)
-        question_mask = torch.zeros(n, length, dtype=torch.bool)
-        target = torch.zeros(n, dtype=torch.long)
-        annotated = [record.supporting for record in records]
-        most = max((len(s) for s in annotated if s is not None), default=0)
-        supporting = torch.full((n, most), -1, dtype=torch.long) if most else None
-        new_tokens: List[Tuple[str, ...]] = []
-        for row, record in enumerate(records):
+        most = max((len(record.supporting) for record in records if record.supporting is not None), default=0)
+        blank_fact = [0] * self.num_fields
+        facts, field_lengths, questions, targets, supporting, new_tokens = [], [], [], [], [], []
+        for record in records:
             slots: Dict[str, int] = {}
 
             def symbol(token: str) -> int:
@@ -334,16 +326,21 @@ class QAVocabulary:
                     slots[token] = self.num_known + len(slots)
                 return slots.get(token, 0)
 
-            for position, fact in enumerate(record.facts):
-                facts[row, position, : len(fact)] = torch.tensor([symbol(token) for token in fact])
-                field_mask[row, position, : len(fact)] = True
-            fact_mask[row, : len(record.facts)] = True
-            question[row, : len(record.question)] = torch.tensor([symbol(token) for token in record.question])
-            question_mask[row, : len(record.question)] = True
-            target[row] = self._index.get(record.answer, slots.get(record.answer, 0))
-            if record.supporting is not None:
-                supporting[row, : len(record.supporting)] = torch.tensor(record.supporting)
+            rows = [[symbol(token) for token in fact] + [0] * (self.num_fields - len(fact)) for fact in record.facts]
+            facts.append(rows + [blank_fact] * (width - len(rows)))
+            field_lengths.append([len(fact) for fact in record.facts] + [0] * (width - len(rows)))
+            questions.append([symbol(token) for token in record.question] + [0] * (length - len(record.question)))
+            targets.append(self._index.get(record.answer, slots.get(record.answer, 0)))
+            support = list(record.supporting or ())
+            supporting.append(support + [-1] * (most - len(support)))
             new_tokens.append(tuple(slots))
+        facts = torch.tensor(facts, dtype=torch.long)
+        field_mask = torch.arange(self.num_fields) < torch.tensor(field_lengths).unsqueeze(-1)  # (n, N, F)
+        fact_mask = field_mask[..., 0]
+        question = torch.tensor(questions, dtype=torch.long)
+        question_mask = torch.arange(length) < torch.tensor([len(r.question) for r in records]).unsqueeze(-1)
+        target = torch.tensor(targets, dtype=torch.long)
+        supporting = torch.tensor(supporting, dtype=torch.long) if most else None
         obs = FactObservations(facts, question, target, fact_mask=fact_mask, field_mask=field_mask,
                                question_mask=question_mask, supporting=supporting)
         return QAData(obs, records, self, new_tokens)
