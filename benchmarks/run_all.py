@@ -14,6 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "chained_loss.py", "pyro_overhead.py", "em_vs_numpy.py", "svi_stability.py", "engine.py", "distributed.py", "threads.py",
+    "facts.py", "facts_learning.py",
 ]
 
 

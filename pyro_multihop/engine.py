@@ -131,6 +131,8 @@ class HopGates:
         ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
         that the last hop attends position ``i``: an emission that reads more of a position than its value
         (the structured-facts head's copy emission). With it, ``scores`` must be None.
+    :ivar position_target: None, or ``chunk -> (c, N)``: ``position_emission``'s entry of each row's target
+        alone, when the head computes it for less than the ``(c, N, T)`` table.
     :ivar extra_elements: None, or ``N -> elements``: working memory per row, in elements, that the head's
         ``dense_chain`` and ``position_emission`` need beyond the engine's count (chunks shrink to fit).
     """
@@ -138,7 +140,8 @@ class HopGates:
     def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[Observations], HopChain], n_hops: int,
                  scores: Optional[torch.Tensor] = None,
                  position_emission: Optional[Callable[[Observations], torch.Tensor]] = None,
-                 extra_elements: Optional[Callable[[int], float]] = None):
+                 extra_elements: Optional[Callable[[int], float]] = None,
+                 position_target: Optional[Callable[[Observations], torch.Tensor]] = None):
         if position_emission is not None and scores is not None:
             raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
         self.log_emission = log_emission
@@ -147,13 +150,14 @@ class HopGates:
         self.scores = scores
         self.position_emission = position_emission
         self.extra_elements = extra_elements
+        self.position_target = position_target
         self._transition_weights = None
 
     def replace(self, **changes) -> "HopGates":
         """A copy with some fields changed."""
         fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
                   "scores": self.scores, "position_emission": self.position_emission,
-                  "extra_elements": self.extra_elements}
+                  "extra_elements": self.extra_elements, "position_target": self.position_target}
         fields.update(changes)
         return HopGates(**fields)
 
@@ -161,6 +165,8 @@ class HopGates:
         """``(c, N)``: ``log p(target_c | z_L = i)`` at every position of a chunk."""
         if self.position_emission is None:
             return self.log_emission[chunk.values, chunk.target.unsqueeze(-1)]
+        if self.position_target is not None:
+            return self.position_target(chunk)
         return self.position_emission(chunk).gather(-1, chunk.target.view(-1, 1, 1).expand(-1, chunk.context_len, 1)).squeeze(-1)
 
     @property

@@ -82,3 +82,19 @@ def test_threads_benchmark_smoke(tmp_path):
         assert row in table
     frame = pd.read_csv(tmp_path / "threads.csv")
     assert sorted(set(frame["threads"])) == [1, 2] and (frame["ms"] > 0).all()
+
+
+def test_facts_benchmarks_smoke(tmp_path):
+    for script in ("facts.py", "facts_learning.py"):
+        subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", "--out", str(tmp_path)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    speed = pd.read_csv(tmp_path / "facts_speed.csv")
+    assert (speed[["facts_train_s_per_1k", "chained_train_s_per_1k", "train_ratio"]] > 0).all().all()
+    assert list(pd.read_csv(tmp_path / "facts_memory.csv")["n"]) == [200, 400]
+    learning = pd.read_csv(tmp_path / "facts_learning.csv")
+    assert list(learning["route"]) == ["collapsed", "enumerated"] and (learning["truth_test_accuracy"] == 1.0).all()
+    assert "| route |" in (tmp_path / "facts_learning.md").read_text()

@@ -188,3 +188,75 @@ def test_parameters_are_the_documented_ones():
     head = FactAttention(3, 2, 7, max_question_len=4)
     assert sorted(name for name, _ in head.named_parameters()) == sorted(PARAMETER_SHAPES)
     assert head.content_tables.shape == (2, 2, 2, 7, 7) and head.question_position.shape == (3, 4)
+
+
+# -- training ---------------------------------------------------------------------------------------------------
+def test_fit_svi_enumerated_and_collapsed_take_the_same_steps():
+    from pyro_multihop import fit_svi
+
+    obs = fact_chain_task(40, num_facts=4, seed=0)
+    runs = []
+    for collapsed in (False, True):
+        head = FactAttention(2, 3, 68, max_question_len=3, dtype=torch.float64)
+        runs.append((head, fit_svi(head, obs, num_steps=4, log_every=1, collapsed=collapsed, progress=False)))
+    (enumerated, a), (collapsed, b) = runs
+    assert torch.allclose(torch.tensor(a["loss"].values), torch.tensor(b["loss"].values), atol=1e-9, rtol=0)
+    assert a["loss"].iloc[-1] < a["loss"].iloc[0]
+    for (name, p), q in zip(enumerated.named_parameters(), collapsed.parameters()):
+        assert torch.allclose(p, q, atol=1e-8), name
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_checkpoint_and_resume(tmp_path):
+    from pyro_multihop import fit_svi, load_checkpoint, save_checkpoint
+
+    obs = fact_chain_task(40, num_facts=4, seed=0)
+    settings = dict(num_steps=6, batch_size=16, log_every=2, seed=3, progress=False, checkpoint_every=2, collapsed=True)
+    straight = FactAttention(2, 3, 68, max_question_len=3)
+    expected = fit_svi(straight, obs, checkpoint=tmp_path / "straight.pt", **settings)
+
+    def crash(step, model, row):
+        if step == 4:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        fit_svi(FactAttention(2, 3, 68, max_question_len=3), obs, checkpoint=tmp_path / "resumed.pt", callback=crash, **settings)
+    resumed = FactAttention(2, 3, 68, max_question_len=3)
+    result = fit_svi(resumed, obs, checkpoint=tmp_path / "resumed.pt", **settings)
+    assert result.attrs["resumed_from"] == 4
+    for name, value in straight.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    assert list(result["loss"]) == list(expected["loss"])
+    restored, state = load_checkpoint(save_checkpoint(tmp_path / "head.pt", straight, step=6))
+    assert isinstance(restored, FactAttention) and restored.config() == straight.config() and state["step"] == 6
+    assert torch.equal(restored.log_likelihood(obs), straight.log_likelihood(obs))
+
+
+def test_the_flat_pair_route_for_large_vocabularies():
+    """S + 1 > F N: each field pair is a flat gather (the other route of pair_term), still exact."""
+    head = oracle.random_fact_head(2, F, 14, P, seed=8)
+    obs = oracle.random_fact_observations(2, N, F, M, 14, seed=9)
+    assert not head._chunk(obs).by_rows
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
+    tables, _ = oracle.path_tables(head, obs, params)
+    expected = oracle.log_likelihood(tables)
+    expected.sum().backward()
+    got = head.log_likelihood(obs)
+    got.sum().backward()
+    assert torch.allclose(got, expected, atol=1e-9, rtol=0)
+    for name, parameter in head.named_parameters():
+        want = params[name].grad if params[name].grad is not None else torch.zeros_like(parameter)  # a term these rows never meet
+        assert torch.allclose(parameter.grad, want, atol=1e-9, rtol=0), name
+
+
+def test_the_collapsed_distribution_scores_any_target():
+    from pyro_multihop import CollapsedHopChain
+
+    head, obs = _setting(2, seed=4)
+    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    other = (obs.target + 1) % S
+    assert torch.allclose(distribution.log_prob(other), head.log_likelihood(obs.with_target(other)), atol=1e-12)
+    assert not torch.allclose(distribution.log_prob(other), distribution.log_prob(obs.target))
