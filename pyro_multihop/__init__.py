@@ -29,6 +29,8 @@ _EXPORTS = {
     "memory_budget": ".engine",
     "HopAttentionHead": ".models",
     "ChainedAttention": ".models",
+    "FactAttention": ".models",
+    "fact_chain_truth": ".models",
     "TiedEmbeddingAttention": ".models",
     "FactAttention": ".models",
     "fact_chain_truth": ".models",

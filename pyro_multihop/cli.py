@@ -84,7 +84,7 @@ def _data_path(text: str) -> Path:
 
 #: Torch threads of each command when --threads is not given, from benchmarks/threads.py: on the library's
 #: small tensors a second intra-op thread costs more in synchronisation than it computes (see docs/threads.md).
-DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1, "paths": 1}
+DEFAULT_THREADS = {"simulate": 1, "train": 1, "evaluate": 1, "predict": 1, "inspect": 1, "babi": 1, "paths": 1, "qa": 1}
 
 #: Defaults of ``babi`` shown in its --help without importing torch: ``experiments.babi.BABI_SVI`` and
 #: ``datasets.babi.DEFAULT_MEMORY`` (tests/test_cli.py checks that they agree).
@@ -220,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     babi = commands.add_parser(
         "babi",
         help="train and evaluate on a bAbI task; write results.json and a hop-posterior figure",
-        description="Train a chained head on a bAbI task's training file (question-answer pairs only), evaluate "
+        description="Train the structured-facts head (--encoding facts, the default; docs/qa.md) or a chained head "
+        "(--encoding positions) on a bAbI task's training file (question-answer pairs only), evaluate "
         "it on the task's test file and write OUT/results.json (answer_accuracy, fact_accuracy, n_test, task, "
         "hops, ...), OUT/checkpoint.pt (with the vocabulary) and OUT/hop_posteriors.png (posterior hop "
         "marginals of the first test questions). Pick --hops per task: the number of supporting facts a "
@@ -229,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     babi.add_argument("--task", type=_positive_int, required=True, help="bAbI task number (1-20)")
     babi.add_argument("--data-dir", type=Path, default=None,
-                      help="directory with the qa*_train/test.txt files (default: the shipped data/babi/en)")
+                      help="directory with the qa*_train/test.txt files (default: the shipped en 1k files)")
     babi.add_argument("--train-dir", type=Path, default=None,
                       help="directory of the training file if not --data-dir (e.g. .../en-10k)")
     babi.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
@@ -250,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     babi.add_argument("--sigma2", type=_positive_float, default=0.1, help="gate variance (default: 0.1)")
     babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     babi.add_argument("--no-progress", action="store_true", help="no progress display")
+    babi.add_argument("--encoding", choices=["facts", "positions"], default="facts",
+                      help="facts: every statement a fact of its tokens, the structured-facts head (SVI only); "
+                      "positions: two (key, value) positions a statement, the chained head (default: facts)")
+    from .experiments.qa_command import add_qa_parser
+
+    qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float,
+                       fraction=_number_parser(float, "a number between 0 and 1", lambda value: 0 < value < 1))
 
     paths = commands.add_parser(
         "paths",
@@ -271,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     paths.add_argument("--no-progress", action="store_true", help="no progress display")
 
     for name, command in (("simulate", simulate), ("train", train), ("evaluate", evaluate), ("predict", predict),
-                          ("inspect", inspect), ("babi", babi), ("paths", paths)):
+                          ("inspect", inspect), ("babi", babi), ("paths", paths), ("qa", qa)):
         _add_threads(command, name)
     return parser
 
@@ -711,6 +719,10 @@ def _paths(args) -> int:
 
 
 def _babi(args) -> int:
+    if args.encoding == "facts":
+        from .experiments.qa_command import babi_facts_command
+
+        return babi_facts_command(args)
     from .experiments.babi import run_babi
 
     _run_dir(args, resumable=False)
@@ -731,8 +743,14 @@ def _set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def _qa(args) -> int:
+    from .experiments.qa_command import qa_command
+
+    return qa_command(args)
+
+
 _COMMANDS = {"simulate": _simulate, "train": _train, "evaluate": _evaluate, "predict": _predict, "inspect": _inspect,
-             "babi": _babi, "paths": _paths}
+             "babi": _babi, "paths": _paths, "qa": _qa}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

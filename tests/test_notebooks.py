@@ -16,7 +16,7 @@ pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ["01_exact_em_vs_svi", "02_hop_paths", "03_tied_embeddings_posterior", "04_babi"]
+NOTEBOOKS = ["01_exact_em_vs_svi", "02_hop_paths", "03_tied_embeddings_posterior", "04_babi", "05_own_facts"]
 
 
 def _runner():

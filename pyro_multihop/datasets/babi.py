@@ -61,12 +61,14 @@ __all__ = [
     "read_babi",
     "task_files",
     "load_task",
+    "read_task",
     "tokenize",
     "fact_matches",
 ]
 
-#: The en 1k files of tasks 1-3 shipped with the repository (``data/babi/en`` at its root).
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "babi" / "en"
+#: The en 1k files of tasks 1, 2, 3 and 11-16, shipped inside the package (``datasets/babi_data/en``), so
+#: that they load from an installed wheel too.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "babi_data" / "en"
 #: Statements kept before a question (MemN2N's memory size).
 DEFAULT_MEMORY = 50
 UNKNOWN = "<unk>"
@@ -379,6 +381,28 @@ class BabiEncoder:
         )
 
 
+def read_task(
+    task: int,
+    data_dir: Optional[PathLike] = None,
+    train_dir: Optional[PathLike] = None,
+    max_train: Optional[int] = None,
+) -> Tuple[List[BabiQuestion], List[BabiQuestion]]:
+    """Read ``(train, test)`` questions of one task (:func:`read_babi`), without encoding them.
+
+    :param data_dir: directory of the test file (and of the training file unless ``train_dir``), laid out
+        like the official release; default the shipped en 1k files (:data:`DEFAULT_DATA_DIR`).
+    :param train_dir: directory of the training file, e.g. ``.../en-10k`` (its test files equal ``en``'s).
+    :param max_train: keep only the first ``max_train`` training questions.
+    """
+    data_dir = DEFAULT_DATA_DIR if data_dir is None else Path(data_dir)
+    train_questions = read_babi(task_files(train_dir or data_dir, task, "train"))
+    if max_train is not None:
+        if isinstance(max_train, bool) or not isinstance(max_train, int) or max_train < 1:
+            raise ValueError(f"max_train must be a positive integer, got {max_train!r}")
+        train_questions = train_questions[:max_train]
+    return train_questions, read_babi(task_files(data_dir, task, "test"))
+
+
 def load_task(
     task: int,
     data_dir: Optional[PathLike] = None,
@@ -387,20 +411,11 @@ def load_task(
     max_train: Optional[int] = None,
     reverse_value: str = "head",
 ) -> Tuple[BabiData, BabiData]:
-    """Read, encode and return ``(train, test)`` of one task.
+    """Read (:func:`read_task`: ``data_dir``, ``train_dir``, ``max_train``), encode and return ``(train, test)``
+    of one task.
 
-    :param data_dir: directory of the test file (and of the training file unless ``train_dir``), laid out
-        like the official release; default the shipped en 1k files (:data:`DEFAULT_DATA_DIR`).
-    :param train_dir: directory of the training file, e.g. ``.../en-10k`` (its test files equal ``en``'s).
-    :param max_train: keep only the first ``max_train`` training questions.
     :param reverse_value: see :class:`BabiEncoder`.
     """
-    data_dir = DEFAULT_DATA_DIR if data_dir is None else Path(data_dir)
-    train_questions = read_babi(task_files(train_dir or data_dir, task, "train"))
-    if max_train is not None:
-        if isinstance(max_train, bool) or not isinstance(max_train, int) or max_train < 1:
-            raise ValueError(f"max_train must be a positive integer, got {max_train!r}")
-        train_questions = train_questions[:max_train]
-    test_questions = read_babi(task_files(data_dir, task, "test"))
+    train_questions, test_questions = read_task(task, data_dir, train_dir, max_train)
     encoder = BabiEncoder(train_questions, memory=memory, reverse_value=reverse_value)
     return encoder.encode(train_questions), encoder.encode(test_questions)

@@ -9,7 +9,8 @@ from pyro_multihop.datasets import babi
 
 def test_babi_command_trains_evaluates_and_draws(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["babi", "--task", "1", "--hops", "1", "--steps", "80", "--max-train", "300", "--out", str(out)])
+    code = main(["babi", "--encoding", "positions", "--task", "1", "--hops", "1", "--steps", "80", "--max-train", "300",
+                 "--out", str(out)])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert {"answer_accuracy", "fact_accuracy", "n_test", "task", "hops"} <= set(results)
@@ -55,7 +56,7 @@ def test_hops_default_to_the_supporting_facts_and_the_figure_has_a_colour_bar_an
 
 def test_babi_command_em_fits_the_content_only_gate(tmp_path):
     out = tmp_path / "em"
-    code = main(["babi", "--task", "1", "--hops", "1", "--method", "em", "--steps", "3", "--max-train", "100",
+    code = main(["babi", "--encoding", "positions", "--task", "1", "--hops", "1", "--method", "em", "--steps", "3", "--max-train", "100",
                  "--data-dir", str(babi.DEFAULT_DATA_DIR), "--out", str(out)])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
@@ -87,8 +88,8 @@ def test_babi_benchmark_smoke(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "babi.py"), "--smoke", "--tasks", "1", "--hops", "1", "2",
-         "--out", str(tmp_path)],
+        [sys.executable, str(root / "benchmarks" / "babi.py"), "--smoke", "--encoding", "positions", "--tasks", "1",
+         "--hops", "1", "2", "--out", str(tmp_path)],
         check=True,
         capture_output=True,
     )

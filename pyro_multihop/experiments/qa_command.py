@@ -1,0 +1,72 @@
+"""The ``pyro-multihop qa`` command's options (imported when the command line is built: no torch here)
+and its entry point, which runs :func:`pyro_multihop.experiments.qa.run_qa`; and ``pyro-multihop babi
+--encoding facts`` (the default), which runs :func:`pyro_multihop.experiments.qa.run_babi_facts`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["add_qa_parser", "qa_command", "babi_facts_command"]
+
+
+def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=float):
+    """Register ``pyro-multihop qa`` on the command line's sub-parsers (the argument types are the command
+    line's checked parsers); returns its parser."""
+    qa = commands.add_parser(
+        "qa",
+        help="train the structured-facts head on a QA JSON Lines file; evaluate, predict, draw",
+        description="Train the structured-facts head on TRAIN.jsonl (one question a line: facts, question, answer, "
+        "optional supporting; docs/qa.md), from answers alone, and evaluate it on TEST.jsonl. Writes "
+        "OUT/results.json, OUT/predictions.jsonl, OUT/hop_posteriors.png and OUT/checkpoint.pt (with the vocabulary).",
+    )
+    qa.add_argument("--train", type=Path, required=True, help="training questions (.jsonl); the vocabulary comes from it")
+    qa.add_argument("--test", type=Path, required=True, help="test questions (.jsonl)")
+    qa.add_argument("--hops", type=positive_int, required=True, help="number of hops L")
+    qa.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
+    qa.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the run (default: 0)")
+    qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
+    qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
+    qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
+    qa.add_argument("--batch-size", type=positive_int, default=None, help="questions per SVI step (default: the head's)")
+    qa.add_argument("--valid-fraction", type=fraction, default=None,
+                    help="hold out this share of the training questions to watch the held-out log-likelihood")
+    qa.add_argument("--figure-rows", type=positive_int, default=3, help="test questions drawn in the figure (default: 3)")
+    qa.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    qa.add_argument("--overwrite", action="store_true", help="replace the run in --out if it holds a checkpoint")
+    qa.add_argument("--no-progress", action="store_true", help="no progress display")
+    return qa
+
+
+def qa_command(args) -> int:
+    """``pyro-multihop qa``: both files are read in full (any bad line stops here), then
+    :func:`~pyro_multihop.experiments.qa.run_qa`; prints the results as JSON."""
+    from ..datasets.qa_jsonl import read_qa_jsonl
+    from ..runs import prepare_run_dir
+    from .qa import run_qa
+
+    prepare_run_dir(args.out, resume=args.resume, overwrite=args.overwrite, create=False)
+    train, test = read_qa_jsonl(args.train), read_qa_jsonl(args.test)
+    results = run_qa(train, test, args.hops, args.out, seed=args.seed, steps=args.steps, lr=args.lr,
+                     batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
+                     resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
+                     progress=not args.no_progress)
+    print(json.dumps(results))
+    return 0
+
+
+def babi_facts_command(args) -> int:
+    """``pyro-multihop babi`` with ``--encoding facts``: the task's stories as facts, the structured-facts head
+    by SVI (:func:`~pyro_multihop.experiments.qa.run_babi_facts`); prints the results as JSON."""
+    from ..runs import prepare_run_dir
+    from .qa import run_babi_facts
+
+    if args.method != "svi":
+        raise ValueError(f"--method {args.method}: the structured-facts head is trained by SVI only (its attention "
+                         "normaliser has no closed-form M-step); use --encoding positions for EM")
+    prepare_run_dir(args.out, overwrite=args.overwrite, resumable=False, create=False)
+    results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops,
+                             memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
+                             batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress)
+    print(json.dumps(results))
+    return 0
