@@ -71,7 +71,7 @@ from pyro import poutine
 
 from . import distributed
 from .checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
-from .diagnostics import HeldOutDeclineWarning
+from .diagnostics import HeldOutDeclineWarning, diagnose_fit
 from .runs import BEST_CHECKPOINT_NAME, progress_bar
 
 __all__ = ["SVI_DEFAULTS", "OverfittingWarning", "TrainingInterrupted", "fit_svi", "split_validation", "svi_settings"]
@@ -856,6 +856,9 @@ class _SviRun:
             raise TrainingInterrupted(late_signal, last, checkpoint)
         metrics = self.metrics(final_loss, restored)
         _warn_if_overfitting(metrics)
+        # The head's own checks (posterior collapse of the tied head's embeddings); the held-out decline is
+        # OverfittingWarning's, above.
+        metrics.attrs["diagnostics"] = [str(d) for d in diagnose_fit(self.model, None, stacklevel=4)]
         return metrics
 
     def metrics(self, final_loss, restored) -> pd.DataFrame:

@@ -146,3 +146,18 @@ def test_variational_em_reports_a_collapsed_fit():
     issued = {warning.category for warning in record} - {ConvergenceWarning}  # 10 iterations cannot settle
     assert {type(d) for d in vem.diagnostics_} == issued == {PosteriorCollapseWarning, ObjectiveMismatchWarning}
 
+
+
+def test_fit_svi_reports_a_collapsed_tied_posterior_and_is_silent_on_a_spread_one():
+    """fit_svi runs the head's diagnostics at its end: a posterior left at the prior (a learning rate too small
+    to move it) is reported and kept in ``metrics.attrs["diagnostics"]``; a spread posterior is not."""
+    from pyro_multihop import fit_svi
+
+    obs = transitive_task(40, num_symbols=S, pairs=3, seed=0)
+    with pytest.warns(PosteriorCollapseWarning):
+        metrics = fit_svi(collapsed_head(), obs, num_steps=2, lr=1e-6, progress=False)
+    assert len(metrics.attrs["diagnostics"]) == 1 and "collapse" in metrics.attrs["diagnostics"][0].lower()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        metrics = fit_svi(spread_head(), obs, num_steps=2, lr=1e-6, progress=False)
+    assert metrics.attrs["diagnostics"] == []
