@@ -22,6 +22,13 @@ Sections (``--sections``, all by default), each writing ``engine_<section>.md`` 
   3). Checked: ``log_likelihood`` sums to the E-step's log-likelihood, the two losses agree.
   Targets: ``log_likelihood`` and ``predict_proba`` within 1.5x of ``e_step``; the collapsed loss at
   least 5x faster than the enumerated one at ``N >= 50`` and never slower.
+- ``paths`` (issue 22, items 1-2): per-row cost of ``map_paths``, ``k_best_paths(k=5)``,
+  ``sample_paths(num_samples=10)``, ``path_entropy`` and of ``posterior()`` followed by reading
+  ``hop_marginals`` and ``map_paths``, against ``hop_marginals`` on the same rows, side by side in rotated
+  rounds, at ``N = 100, S = 50`` and ``N = 30, S = 1000``. Checked before timing: the MAP path is one of
+  the best-scoring paths of ``k_best_paths`` (on at least 95% of rows: duplicated pairs tie exactly; a wrong
+  fast route misses on most), and the lazy posterior's MAP paths equal ``map_paths``. Targets: each query at most 3x ``hop_marginals``,
+  ``posterior()`` + reads at most 2x.
 - ``peer``: torch-struct's ``LinearChainCRF`` (``pip install torch-struct``; a benchmark-only peer, not a
   dependency) computing the partition and the edge marginals of the same chains, its
   ``(n, L - 1, N, N)`` log potentials built from ``head.hop_chain(obs)`` with the first-hop distribution
@@ -81,7 +88,7 @@ from em_vs_numpy import _reset_peak_rss, _status_kib, _trim_heap
 HOPS = 3
 SIGMA2 = 0.3
 SEED = 0
-SECTIONS = ("speed", "peer", "hmm", "memory", "scaling")
+SECTIONS = ("speed", "paths", "peer", "hmm", "memory", "scaling")
 
 # (N, S, n for the plug-in queries and the E-step, n for the two losses)
 SPEED_GRID = [
@@ -748,6 +755,59 @@ def _in_subprocess(function: str, *arguments):
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+PATHS_GRID = [(100, 50, 1000), (30, 1000, 200)]  # (N, S, n)
+SMOKE_PATHS_GRID = [(8, 6, 20)]
+
+
+def paths_point(N: int, S: int, n: int, repeats: int) -> list:
+    """Rows ``{N, S, n, query, us_per_row, ratio}`` of the path queries against ``hop_marginals`` (``paths``)."""
+    torch = _setup_torch()
+    head, obs = make_head(S), random_observations(n, N, S)
+    with torch.no_grad():
+        paths, log_probs = head.k_best_paths(obs, 5)
+        posterior = head.posterior(obs)
+        if not torch.equal(posterior.map_paths, head.map_paths(obs)):
+            raise AssertionError("the lazy posterior's MAP paths differ from map_paths")
+        best = head.map_paths(obs)
+        # The MAP path must be one of the k best with the best score: duplicated (key, value) pairs give exact
+        # ties, so it need not be the first of them; a wrong fast route misses on most rows, not a few.
+        found = (paths == best.unsqueeze(1)).all(-1) & (log_probs >= log_probs[:, :1] - 1e-4)
+        if not found.any(-1).float().mean() >= 0.95:
+            raise AssertionError(f"map_paths is not among the best-scoring k best paths on "
+                                 f"{int((~found.any(-1)).sum())} of {n} rows")
+        if not torch.isfinite(log_probs[:, 0]).all():
+            raise AssertionError("k_best_paths gave a non-finite best log-probability")
+
+    def posterior_and_reads():
+        posterior = head.posterior(obs)
+        return posterior.hop_marginals, posterior.map_paths
+
+    calls = {
+        "hop_marginals": lambda: head.hop_marginals(obs),
+        "map_paths": lambda: head.map_paths(obs),
+        "k_best_paths(5)": lambda: head.k_best_paths(obs, 5),
+        "sample_paths(10)": lambda: head.sample_paths(obs, 10, seed=0),
+        "path_entropy": lambda: head.path_entropy(obs),
+        "posterior() + reads": posterior_and_reads,
+    }
+    with torch.no_grad():
+        times = time_side_by_side(calls, repeats, warmup_rounds=1)
+    base = times["hop_marginals"]
+    return [{"N": N, "S": S, "n": n, "query": name, "us_per_row": 1e3 * t / n, "ratio": t / base}
+            for name, t in times.items()]
+
+
+def paths_table(rows: list) -> list:
+    lines = ["# Path queries against hop_marginals, per row", "",
+             "| N | S | n | query | us / row | x hop_marginals | target |", "|---:|---:|---:|---|---:|---:|---|"]
+    for row in rows:
+        limit = None if row["query"] == "hop_marginals" else (2.0 if row["query"].startswith("posterior") else 3.0)
+        verdict = "" if limit is None else (f"<= {limit:g}: ok" if row["ratio"] <= limit else f"<= {limit:g}: **missed**")
+        lines.append(f"| {row['N']} | {row['S']} | {row['n']} | `{row['query']}` | {row['us_per_row']:.2f} | "
+                     f"{row['ratio']:.2f} | {verdict} |")
+    return lines
+
+
 def write_section(out: Path, name: str, rows, table_lines: list, load: str) -> Path:
     import pandas as pd
 
@@ -787,6 +847,13 @@ def main(argv=None) -> int:
             rows += call("speed_section", [point], repeats)
             print(speed_table(rows[-1:])[-1], flush=True)
         print(f"wrote {write_section(args.out, 'speed', rows, speed_table(rows), load)}", flush=True)
+    if "paths" in args.sections:
+        load = _load_average()
+        rows = []
+        for N, S, n in SMOKE_PATHS_GRID if smoke else PATHS_GRID:
+            rows += call("paths_point", N, S, n, 3 if smoke else args.repeats)
+            print("\n".join(paths_table(rows[-6:])[4:]), flush=True)
+        print(f"wrote {write_section(args.out, 'paths', rows, paths_table(rows), load)}", flush=True)
     if "peer" in args.sections:
         load = _load_average()
         sizes = SMOKE_PEER if smoke else PEER

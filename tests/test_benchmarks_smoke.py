@@ -55,6 +55,9 @@ def test_engine_benchmark_smoke(tmp_path):
         check=True,
         capture_output=True,
     )
+    paths = pd.read_csv(tmp_path / "engine_paths.csv")
+    assert set(paths["query"]) == {"hop_marginals", "map_paths", "k_best_paths(5)", "sample_paths(10)", "path_entropy",
+                                   "posterior() + reads"} and (paths["us_per_row"] > 0).all()
     speed = pd.read_csv(tmp_path / "engine_speed.csv")
     assert set(speed["route"]) == {"symbols", "positions"}
     assert (speed[["log_likelihood_ms", "predict_proba_ms", "e_step_ms", "collapsed_ms", "enumerated_ms"]] > 0).all().all()
