@@ -798,8 +798,7 @@ def paths_point(N: int, S: int, n: int, repeats: int) -> list:
 
 
 def paths_table(rows: list) -> list:
-    lines = ["# Path queries against hop_marginals, per row", "",
-             "| N | S | n | query | us / row | x hop_marginals | target |", "|---:|---:|---:|---|---:|---:|---|"]
+    lines = ["| N | S | n | query | us / row | x hop_marginals | target |", "|---:|---:|---:|---|---:|---:|---|"]
     for row in rows:
         limit = None if row["query"] == "hop_marginals" else (2.0 if row["query"].startswith("posterior") else 3.0)
         verdict = "" if limit is None else (f"<= {limit:g}: ok" if row["ratio"] <= limit else f"<= {limit:g}: **missed**")
@@ -852,7 +851,7 @@ def main(argv=None) -> int:
         rows = []
         for N, S, n in SMOKE_PATHS_GRID if smoke else PATHS_GRID:
             rows += call("paths_point", N, S, n, 3 if smoke else args.repeats)
-            print("\n".join(paths_table(rows[-6:])[4:]), flush=True)
+            print("\n".join(paths_table(rows[-6:])[2:]), flush=True)
         print(f"wrote {write_section(args.out, 'paths', rows, paths_table(rows), load)}", flush=True)
     if "peer" in args.sections:
         load = _load_average()
