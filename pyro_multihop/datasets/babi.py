@@ -267,13 +267,13 @@ class BabiData:
         return owner @ hop_marginals[:, row].t()
 
 
-def fact_matches(path_statements: torch.Tensor, supporting: Sequence[Sequence[int]]) -> torch.Tensor:
+def fact_matches(path_statements: torch.Tensor, supporting: Sequence[Optional[Sequence[int]]]) -> torch.Tensor:
     """``(n,)`` bool: does a hop path land on the annotated supporting facts, in order?
 
     A path of ``L`` hops visits statements ``s_1..s_L``; consecutive repeats are merged (a hop that stays on
     the statement the previous hop attended adds no fact), and the result must equal the ``k`` annotated
     facts exactly, in the annotated order. So ``L < k`` never matches; ``L > k`` matches only if the extra
-    hops stay on a fact just visited.
+    hops stay on a fact just visited. Rows without an annotation (None) are False.
     """
     matches = []
     for row, facts in enumerate(supporting):
@@ -281,7 +281,7 @@ def fact_matches(path_statements: torch.Tensor, supporting: Sequence[Sequence[in
         for statement in path_statements[row].tolist():
             if not visited or visited[-1] != statement:
                 visited.append(statement)
-        matches.append(visited == list(facts))
+        matches.append(facts is not None and visited == list(facts))
     return torch.tensor(matches, dtype=torch.bool)
 
 

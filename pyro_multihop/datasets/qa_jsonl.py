@@ -63,6 +63,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 import torch
 
 from ..fact_data import FactObservations
+from .babi import fact_matches
 
 __all__ = [
     "QAFormatError",
@@ -196,20 +197,9 @@ def write_qa_jsonl(records: Iterable[QARecord], path: PathLike) -> Path:
     return path
 
 
-def supporting_matches(paths: torch.Tensor, supporting: Sequence[Optional[Sequence[int]]]) -> torch.Tensor:
-    """``(n,)`` bool: does each hop path ``(n, L)`` of fact indices visit the supporting facts, in order?
-
-    Consecutive repeats on the path are merged (a hop that stays on the fact just attended adds none), and
-    the result must equal the annotated facts exactly. Rows without an annotation (None) are False.
-    """
-    matches = []
-    for row, facts in enumerate(supporting):
-        visited: List[int] = []
-        for fact in paths[row].tolist():
-            if not visited or visited[-1] != fact:
-                visited.append(fact)
-        matches.append(facts is not None and visited == list(facts))
-    return torch.tensor(matches, dtype=torch.bool)
+#: ``(n,)`` bool: does each hop path ``(n, L)`` of fact indices visit the supporting facts, in order (repeats
+#: merged; unannotated rows False)? The bAbI reader's rule, :func:`~pyro_multihop.datasets.babi.fact_matches`.
+supporting_matches = fact_matches
 
 
 class QAVocabulary:
