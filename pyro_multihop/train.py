@@ -568,9 +568,11 @@ def fit_svi(
         per observation), ``lr``, ``seconds`` and, with held-out data, ``val_log_likelihood`` and
         ``val_accuracy``. ``attrs`` holds ``settings``, ``best_step``, ``best_loss``, ``final_loss`` (loss
         of the last parameters), ``restored_best``, ``divergences``, ``resumed_from`` and, with held-out
-        data, ``best_val`` (``step``, ``log_likelihood``, ``checkpoint``, ``stopped_early``).
+        data, ``best_val`` (``step``, ``log_likelihood``, ``checkpoint``, ``stopped_early``); after a run that
+        trained, ``diagnostics`` (the messages of :func:`~pyro_multihop.diagnostics.diagnose_fit` on the head).
     :raises ValueError: on empty data or an invalid setting.
     :warns OverfittingWarning: when the last held-out log-likelihood is clearly below its best.
+    :warns PosteriorCollapseWarning: when the head's posterior stays at its prior (the tied head).
 
     Example::
 
