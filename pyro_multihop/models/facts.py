@@ -224,7 +224,7 @@ class FactAttention(HopAttentionHead):
         (``benchmarks/facts_learning.py``): held-out accuracy on unseen entities 0.672 with 1e-3, 0.997
         with 1e-2, 1.0 with 3e-2 (the generating structure's)."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
-                  "direction_by_symbol", "nearest_by_symbol", "emission_tables")
+                  "direction_by_symbol", "nearest_by_symbol")
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
                 "weight_decay": {name: 3e-2 for name in tables}}
 
