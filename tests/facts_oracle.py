@@ -80,8 +80,9 @@ def emission(p, obs, row, i):
     S = p["emission_tables"].shape[-1]
     probs = 0.0
     for a, symbol in fi.items():
-        probs = probs + mix[a] * torch.softmax(p["emission_tables"][a, symbol], 0) + mix[F + a] * torch.eye(S, dtype=torch.float64)[symbol]
-    norm = sum(mix[a] + mix[F + a] for a in fi)
+        copy = mix[F + a] * torch.exp(p["copy_by_symbol"][symbol])
+        probs = probs + mix[a] * torch.softmax(p["emission_tables"][a, symbol], 0) + copy * torch.eye(S, dtype=torch.float64)[symbol]
+    norm = sum(mix[a] + mix[F + a] * torch.exp(p["copy_by_symbol"][symbol]) for a, symbol in fi.items())
     return torch.log(probs / norm)
 
 
