@@ -122,9 +122,10 @@ class _Chunk:
         self.rank = rank
         self.max_distance = max_distance
         self.num_symbols = num_symbols
-        self.by_rows = num_symbols + 1 <= self.fields.shape[1] * self.fields.shape[2]
+        self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
         self.nearest = None
         self._distance = None
+        self._pair_index = {}
 
     def distance_and_later(self):
         """``(min(|rank_j - rank_i|, D) / U, [rank_j > rank_i])``, both ``(c, N, N)`` (built on first use)."""
@@ -134,8 +135,15 @@ class _Chunk:
         return self._distance
 
     def pair_index(self, a: int, b: int) -> torch.Tensor:
-        """``(c, N, N)`` flat index of ``(f_i^a, f_j^b)`` in an ``(S + 1, S + 1)`` table."""
-        return flat_index(self.fields[..., a].unsqueeze(-1), self.fields[..., b].unsqueeze(-2), self.num_symbols + 1)
+        """``(c, N, N)`` flat index of ``(f_i^a, f_j^b)`` in an ``(S + 1, S + 1)`` table (built on first use, kept
+        for the later hops; int32 while ``(S + 1)^2`` is below ``2^31``: half the memory traffic of int64, and
+        ``index_select`` takes it)."""
+        if (a, b) not in self._pair_index:
+            small = (self.num_symbols + 1) ** 2 < 2**31
+            fields = self.fields.to(torch.int32) if small else self.fields
+            index = flat_index(fields[..., a].unsqueeze(-1), fields[..., b].unsqueeze(-2), self.num_symbols + 1)
+            self._pair_index[a, b] = index
+        return self._pair_index[a, b]
 
 
 def nearest_sharing(fields: torch.Tensor, real_fields: torch.Tensor) -> torch.Tensor:
@@ -270,25 +278,29 @@ class FactAttention(HopAttentionHead):
     def pair_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
         """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
 
-        The equality weight is folded into the table (``+ w I``). While ``S + 1 <= F N`` (:meth:`_Chunk.by_rows`),
+        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`_Chunk.by_rows`),
         for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
         ``f_j^b`` (``F`` gathers of ``(c, N, N)``); otherwise each field pair is one gather from its flat table
-        at a ``(c, N, N)`` index. Either way no ``(c, N, N, F, F)`` tensor."""
+        at a ``(c, N, N)`` index, summed in place (the faster of the two below that size, measured at
+        ``S = 50``, ``N`` = 10, 30, 100). Either way no ``(c, N, N, F, F)`` tensor."""
         S, F = self.num_symbols, self.num_fields
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
         tables = _padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
         # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
         by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)
-        term = 0.0
         if chunk.by_rows:
+            term = 0.0
             c, N, _ = chunk.fields.shape
             for b in range(F):
                 rows = sum(torch.nn.functional.embedding(chunk.fields[..., a], by_pair[a][b]) for a in range(F))
                 term = term + rows.gather(-1, chunk.fields[..., b].unsqueeze(-2).expand(c, N, N))
             return term
+        term = None
         for a in range(F):
             for b in range(F):
-                term = term + flat_gather(by_pair[a][b], chunk.pair_index(a, b))
+                index = chunk.pair_index(a, b)
+                value = by_pair[a][b].reshape(-1).index_select(0, index.view(-1)).view(index.shape)
+                term = value if term is None else term.add_(value)  # in place: index_select keeps no output
         return term
 
     def _by_previous(self, name: str, hop: int, chunk: _Chunk) -> torch.Tensor:
@@ -301,9 +313,9 @@ class FactAttention(HopAttentionHead):
         k = hop - 1
         distance, later = chunk.distance_and_later()
         age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.age.unsqueeze(-2)
-        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1) * distance
-        forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1) * later
-        return age + offset + forward
+        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1)
+        forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1)
+        return torch.addcmul(torch.addcmul(age, offset, distance), forward, later)
 
     def nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
@@ -346,33 +358,33 @@ class FactAttention(HopAttentionHead):
         Mixed in probability space (``F`` row lookups and one scatter of the copies), then one logarithm;
         a probability below the dtype's smallest normal number is raised to it (so a target the mixture
         cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
-        tables, copies = self._mixture_weights(obs)
+        tables, copies, total = self._mixture_weights(obs)
         rows = self.emission_tables.softmax(-1)  # (F, S, S)
         probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a]) for a in range(self.num_fields))
         probs = probs.scatter_add(-1, obs.facts, copies)
-        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
 
     def target_log_probs(self, obs: FactObservations) -> torch.Tensor:
         """``(c, N)``: :meth:`emission_log_probs` at each row's target only, in ``O(c N F)`` (the engine's
         ``position_target``: the likelihood and the path queries need no ``(c, N, S)`` table)."""
-        tables, copies = self._mixture_weights(obs)
+        tables, copies, total = self._mixture_weights(obs)
         rows = self.emission_tables.log_softmax(-1)  # (F, S, S)
         target = obs.target.view(-1, 1).expand(obs.facts.shape[:2])  # (c, N)
         table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], target) for a in range(self.num_fields)], -1).exp()
-        probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1)
-        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+        probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
+        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
 
     def _mixture_weights(self, obs: FactObservations):
-        """``(table weights (c, N, F), copy weights (c, N, F))``: the softmax over each fact's real components of
-        ``emission_mix`` plus, for a copy, ``copy_by_symbol`` of the copied symbol (all zero at a fact with no
-        real field, which is never attended)."""
-        real = obs.real_fields()  # (c, N, F)
-        F = self.num_fields
-        copy_bias = torch.nn.functional.embedding(obs.facts, self.copy_by_symbol.unsqueeze(-1)).squeeze(-1)  # (c, N, F)
-        logits = torch.cat([self.emission_mix[:F].expand_as(copy_bias), self.emission_mix[F:] + copy_bias], -1)
-        both = torch.cat([real, real], -1)
-        weights = logits.masked_fill(~both, MASKED_LOGIT).softmax(-1) * both
-        return weights[..., :F], weights[..., F:]
+        """``(table weights (c, N, F), copy weights (c, N, F), their total (c, N, 1))`` over each fact's real
+        fields: ``mix[0, a]`` and ``mix[1, a] exp(copy_by_symbol[f_i^a])``, all scaled by ``exp(-m)``, ``m`` the
+        largest positive ``copy_by_symbol``, so that none overflows (total 1 at padded facts, never attended)."""
+        real = obs.real_fields().to(self.emission_mix.dtype)  # (c, N, F)
+        mix = self.emission_mix.softmax(-1).view(2, self.num_fields)
+        top = self.copy_by_symbol.detach().max().clamp_min(0)
+        copy_scale = (self.copy_by_symbol - top).exp().take(obs.facts)  # (c, N, F)
+        tables, copies = real * (mix[0] * torch.exp(-top)), real * mix[1] * copy_scale
+        total = (tables + copies).sum(-1, keepdim=True)
+        return tables, copies, total.masked_fill(total == 0, 1.0)
 
     @property
     def log_emission(self) -> torch.Tensor:
