@@ -125,24 +125,50 @@ def _k_max_paths(transitions, init: torch.Tensor, emission: torch.Tensor, n_hops
     return values, torch.stack(path, dim=-1) % init.shape[-1], log_scale, ok
 
 
-def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, size: int, floor: float):
+def _k_best_by_enumeration(transitions, init: torch.Tensor, emission: torch.Tensor, n_hops: int, k: int, floor: float):
+    """As :func:`_k_max_paths`, by scoring all ``s^L`` paths of ``s`` positions (the few candidates of a pruned
+    row) and one top-k: ``(values (c, r), paths (c, r, L), log of the scales divided out (c,), ok (c,))``."""
+    c, s = init.shape
+    scores = init  # (c, m): the paths so far, the last hop's position varying fastest
+    log_scale = torch.zeros_like(init[:, 0])
+    ok = torch.ones_like(init[:, 0], dtype=torch.bool)
+    for hop in range(n_hops - 1):
+        m = scores.shape[-1]
+        step = scores.unsqueeze(-1) * transitions.matrix(hop).repeat(1, m // s, 1)  # (c, m, s)
+        scores = step.flatten(1)
+        scale = scores.amax(-1)
+        ok &= scale >= floor
+        scores = scores / scale.clamp_min(floor).unsqueeze(-1)
+        log_scale += scale.clamp_min(floor).log()
+    final = scores * emission.repeat(1, scores.shape[-1] // s)
+    values, flat = final.topk(min(k, final.shape[-1]), dim=-1)
+    paths = torch.stack([(flat // s ** (n_hops - 1 - hop)) % s for hop in range(n_hops)], dim=-1)
+    return values, paths, log_scale, ok
+
+
+#: A pruned row's k best paths come from scoring every path of its candidates while there are at most this many.
+ENUMERATED_PATHS = 4096
+
+
+def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: int, floor: float):
     """Per hop ``(c, size)`` positions through which every one of the ``k`` best paths passes, and ``(c,)``
-    whether they hold all of them.
+    whether they hold all of them; ``size <= cap`` is the most any row needs.
 
     The best path through position ``i`` at hop ``l`` (its max-marginal, forward times backward max-product
     messages, relative to the best path) bounds every path through it, and at any hop the ``k``-th largest
     max-marginal is a lower bound on the ``k``-th best path (``k`` distinct paths reach it). A position below the
-    largest such bound is on none of the ``k`` best paths; a row whose positions above it do not fit in
-    ``size`` at some hop is not pruned."""
+    largest such bound is on none of the ``k`` best paths; a row with more than ``cap`` positions above it at
+    some hop is not pruned."""
     forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
     backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
     relative = [f * b for f, b in zip(forward, backward[::-1])]
-    ranked = [(r / r.amax(-1, keepdim=True).clamp_min(floor)).sort(dim=-1, descending=True) for r in relative]
+    relative = [r / r.amax(-1, keepdim=True).clamp_min(floor) for r in relative]
+    ranked = [r.topk(cap + 1, dim=-1) for r in relative]  # best first
     # The slack covers the rounding of the max-marginals (a few eps each).
     threshold = torch.stack([values[:, k - 1] for values, _ in ranked]).amax(0) * (1 - 1e-4)
-    fits = threshold >= floor
-    for values, _ in ranked:
-        fits &= values[:, size] < threshold
+    counts = torch.stack([(values >= threshold.unsqueeze(-1)).sum(-1) for values, _ in ranked]).amax(0)  # (c,)
+    fits = (threshold >= floor) & (counts <= cap)
+    size = int(counts[fits].max()) if fits.any() else k
     return [positions[:, :size] for _, positions in ranked], fits
 
 
@@ -152,10 +178,10 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int):
     transitions = prepared.transitions
     emission, _, ok = shifted_emission(gates, chunk)
     floor = underflow_floor(emission.dtype)
-    size = max(4 * k, 16)  # candidate positions a hop when pruning
+    cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
     pruned = torch.zeros_like(ok)
-    if L > 1 and k <= N and size < N:
-        candidates, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, size, floor)
+    if L > 1 and k <= N and cap < N:
+        candidates, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, cap, floor)
     r = min(k, N**L)
     values = emission.new_zeros(len(chunk), r)
     paths = torch.zeros(len(chunk), r, L, dtype=torch.long, device=emission.device)
@@ -169,8 +195,9 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int):
             chosen = [positions[rows] for positions in candidates]
             sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
                                       None, selected.ok)
-            found = _k_max_paths(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]),
-                                 L, k, floor)
+            search = _k_best_by_enumeration if chosen[0].shape[-1] ** L <= ENUMERATED_PATHS else _k_max_paths
+            found = search(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]),
+                           L, k, floor)
             positions = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
             found = (found[0], positions) + found[2:]
         else:
