@@ -60,7 +60,7 @@ from .. import engine
 from ..checks import check_number
 from ..distributions import CollapsedHopChain, GateCategorical
 from ..fact_data import FactObservations, fact_chain_vocabulary
-from ..gate_ops import flat_gather, flat_index, log_normalize, table_gather
+from ..gate_ops import log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int
 from .chained import DISTANCE_UNIT
