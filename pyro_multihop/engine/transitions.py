@@ -245,9 +245,11 @@ class SymbolTransitions(Transitions):
 
     def reverse_weights(self, hop, alpha, positions):
         keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
-        flat = self.values.unsqueeze(-2) * self.num_symbols + keys.unsqueeze(-1)  # (c, s, N): E[v_i, key] in E.flat
+        columns = self.weights[hop].transpose(0, 1)[keys]  # (c, s, S): E[:, key] of each draw
+        c, s, N = len(keys), keys.shape[1], self.values.shape[1]
+        arriving = columns.gather(-1, self.values.unsqueeze(1).expand(c, s, N))  # (c, s, N): E[v_i, key]
         leaving = alpha * self.inverse_normalisers[hop].gather(1, self.values) * self.real  # alpha[i] / R[v_i]
-        return self.weights[hop].reshape(-1).take(flat) * leaving.unsqueeze(-2)
+        return arriving * leaving.unsqueeze(-2)
 
     def conditional_entropy(self, hop, alpha, alpha_next, posterior_next):
         # The reverse conditional p(z = i | z' = j) = a_i E[v_i, k_j] / A_{k_j}, a_i = alpha[i] / R[v_i], depends
