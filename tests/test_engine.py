@@ -420,13 +420,14 @@ def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, rat
 
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     monkeypatch.setattr(engine_paths, "ENUMERATED_PATHS", enumerated)
+    monkeypatch.setattr(engine_paths, "FEW_CANDIDATES", 4)  # pruned rows in both groups
     found = []
     candidates = engine_paths._k_best_candidates
 
     def spy(*args):
-        chosen, fits = candidates(*args)
+        chosen, needed, fits = candidates(*args)
         found.append(fits)
-        return chosen, fits
+        return chosen, needed, fits
 
     monkeypatch.setattr(engine_paths, "_k_best_candidates", spy)
     head = make_head("chained", hops, seed=120, scale=scale)
