@@ -361,8 +361,10 @@ def assert_map_paths_are_most_probable(paths, posteriors, rtol):
 @pytest.mark.parametrize("sigma2, scale", [(0.6, 1.0), (1e-3, 2.0)], ids=["sigma2=0.6", "sigma2=1e-3"])
 def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio, sigma2, scale, monkeypatch):
     """MAP, k best, entropy (with and without the target) and the lazy posterior; sigma2 = 1e-3 rows underflow in
-    probability space and go to log space."""
+    probability space and go to log space. The max-products run their looped form here (the broadcast form on
+    few rows is checked in tests/engine/test_transitions.py)."""
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.transitions, "MAX_TIMES_LOOP_ELEMENTS", 0)
     head = make_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale)
     obs = random_obs(n=8, seed=101 + hops, masked=masked)
     posteriors = exact_path_posterior(head, obs)
@@ -408,20 +410,24 @@ def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, monkeypatch
 @HOPS
 @ROUTES
 @pytest.mark.parametrize("scale", [2.0, 0.0], ids=["random", "uniform gate"])
-def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, ratio, scale, monkeypatch):
+@pytest.mark.parametrize("enumerated", [4096, 0], ids=["enumerated", "k-max"])
+def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, ratio, scale, enumerated, monkeypatch):
     """N = 24 > 16 candidates a hop: rows whose k best paths fit in the candidates of every hop are pruned (the
     spy checks that some are, and with a uniform gate, whose paths tie, that some are not), and equal the dense
-    log-space k best (itself checked against brute force in tests/test_path_queries.py)."""
+    log-space k best (itself checked against brute force in tests/test_path_queries.py); the candidates' paths
+    are scored all at once or by the k-max product (``ENUMERATED_PATHS``)."""
     from pyro_multihop.engine import log_space, paths as engine_paths
 
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine_paths, "ENUMERATED_PATHS", enumerated)
+    monkeypatch.setattr(engine_paths, "FEW_CANDIDATES", 4)  # pruned rows in both groups
     found = []
     candidates = engine_paths._k_best_candidates
 
     def spy(*args):
-        chosen, fits = candidates(*args)
+        chosen, needed, fits = candidates(*args)
         found.append(fits)
-        return chosen, fits
+        return chosen, needed, fits
 
     monkeypatch.setattr(engine_paths, "_k_best_candidates", spy)
     head = make_head("chained", hops, seed=120, scale=scale)

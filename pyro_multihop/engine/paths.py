@@ -125,58 +125,95 @@ def _k_max_paths(transitions, init: torch.Tensor, emission: torch.Tensor, n_hops
     return values, torch.stack(path, dim=-1) % init.shape[-1], log_scale, ok
 
 
-def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, size: int, floor: float):
-    """Per hop ``(c, size)`` positions through which every one of the ``k`` best paths passes, and ``(c,)``
-    whether they hold all of them.
+def _k_best_by_enumeration(transitions, init: torch.Tensor, emission: torch.Tensor, n_hops: int, k: int, floor: float):
+    """As :func:`_k_max_paths`, by scoring all ``s^L`` paths of ``s`` positions (the few candidates of a pruned
+    row) and one top-k: ``(values (c, r), paths (c, r, L), log of the scales divided out (c,), ok (c,))``."""
+    c, s = init.shape
+    scores = init  # (c, m): the paths so far, the last hop's position varying fastest
+    log_scale = torch.zeros_like(init[:, 0])
+    ok = torch.ones_like(init[:, 0], dtype=torch.bool)
+    for hop in range(n_hops - 1):
+        # (c, m / s, s, 1) x (c, 1, s, s): each path times its last position's row of the transition
+        scores = (scores.view(c, -1, s, 1) * transitions.matrix(hop).unsqueeze(1)).flatten(1)
+        scale = scores.amax(-1)
+        ok &= scale >= floor
+        scores = scores / scale.clamp_min(floor).unsqueeze(-1)
+        log_scale += scale.clamp_min(floor).log()
+    final = (scores.view(c, -1, s) * emission.unsqueeze(1)).flatten(1)
+    values, flat = final.topk(min(k, final.shape[-1]), dim=-1)
+    paths = torch.stack([(flat // s ** (n_hops - 1 - hop)) % s for hop in range(n_hops)], dim=-1)
+    return values, paths, log_scale, ok
+
+
+#: A pruned row's k best paths come from scoring every path of its candidates while there are at most this many.
+ENUMERATED_PATHS = 4096
+
+#: Pruned rows that need at most this many candidates a hop are searched apart from the others.
+FEW_CANDIDATES = 8
+
+
+def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: int, floor: float):
+    """Per hop ``(c, size)`` positions, best first, through which every one of the ``k`` best paths passes;
+    ``(c,)`` how many of them each row needs (at least ``k``; ``size <= cap`` is the most any pruned row
+    needs); ``(c,)`` whether the row is pruned (they hold all of its ``k`` best paths).
 
     The best path through position ``i`` at hop ``l`` (its max-marginal, forward times backward max-product
     messages, relative to the best path) bounds every path through it, and at any hop the ``k``-th largest
     max-marginal is a lower bound on the ``k``-th best path (``k`` distinct paths reach it). A position below the
-    largest such bound is on none of the ``k`` best paths; a row whose positions above it do not fit in
-    ``size`` at some hop is not pruned."""
+    largest such bound is on none of the ``k`` best paths; a row with more than ``cap`` positions above it at
+    some hop is not pruned."""
     forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
     backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
     relative = [f * b for f, b in zip(forward, backward[::-1])]
-    ranked = [(r / r.amax(-1, keepdim=True).clamp_min(floor)).sort(dim=-1, descending=True) for r in relative]
+    relative = [r / r.amax(-1, keepdim=True).clamp_min(floor) for r in relative]
+    ranked = [r.topk(cap + 1, dim=-1) for r in relative]  # best first
     # The slack covers the rounding of the max-marginals (a few eps each).
     threshold = torch.stack([values[:, k - 1] for values, _ in ranked]).amax(0) * (1 - 1e-4)
-    fits = threshold >= floor
-    for values, _ in ranked:
-        fits &= values[:, size] < threshold
-    return [positions[:, :size] for _, positions in ranked], fits
+    counts = torch.stack([(values >= threshold.unsqueeze(-1)).sum(-1) for values, _ in ranked]).amax(0)  # (c,)
+    fits = (threshold >= floor) & (counts <= cap)
+    size = int(counts[fits].max()) if fits.any() else k
+    return [positions[:, :size] for _, positions in ranked], counts.clamp_min(k), fits
 
 
-def _k_best_chunk(gates: HopGates, chunk, route: str, k: int):
+def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     L, N = gates.n_hops, chunk.context_len
     prepared = prepare(gates, chunk, route)
     transitions = prepared.transitions
     emission, _, ok = shifted_emission(gates, chunk)
     floor = underflow_floor(emission.dtype)
-    size = max(4 * k, 16)  # candidate positions a hop when pruning
-    pruned = torch.zeros_like(ok)
-    if L > 1 and k <= N and size < N:
-        candidates, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, size, floor)
+    cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
+    pruned, needed = torch.zeros_like(ok), None
+    if L > 1 and k <= N and cap < N:
+        candidates, needed, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, cap, floor)
     r = min(k, N**L)
     values = emission.new_zeros(len(chunk), r)
     paths = torch.zeros(len(chunk), r, L, dtype=torch.long, device=emission.device)
     log_scale = torch.zeros_like(emission[:, 0])
-    for is_pruned in (True, False):
-        rows = (pruned if is_pruned else ~pruned).nonzero().squeeze(-1)
+    # The k best paths within the candidates, then their positions; rows that need few candidates apart
+    # (the paths of a group are scored at its largest need).
+    few = pruned if needed is None else pruned & (needed <= FEW_CANDIDATES)
+    for group in (few, pruned & ~few):
+        rows = group.nonzero().squeeze(-1)
         if not len(rows):
             continue
+        size = int(needed[rows].max())
         selected = transitions.select(rows)
-        if is_pruned:  # the k best paths within the candidates, then their positions
-            chosen = [positions[rows] for positions in candidates]
-            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
-                                      None, selected.ok)
-            found = _k_max_paths(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]),
-                                 L, k, floor)
-            positions = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
-            found = (found[0], positions) + found[2:]
-        else:
-            found = _k_max_paths(selected, prepared.init[rows], emission[rows], L, k, floor)
-        values[rows], paths[rows], log_scale[rows] = found[:3]
+        chosen = [positions[rows, :size] for positions in candidates]
+        sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
+                                  None, selected.ok)
+        search = _k_best_by_enumeration if size**L <= ENUMERATED_PATHS else _k_max_paths
+        found = search(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]), L, k, floor)
+        values[rows], log_scale[rows] = found[0], found[2]
+        paths[rows] = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
         ok[rows] &= found[3]
+    # The k-max product over every position holds (c, N, k, N) or (c, S, k N): the other rows in slices that fit.
+    rows = (~pruned).nonzero().squeeze(-1)
+    per = rows_per_chunk(gates, N, "positions", budget, extra=3 * N * max(N, gates.num_symbols) * k)
+    for part in row_slices(len(rows), per):
+        sub = rows[part]
+        found = _k_max_paths(transitions.select(sub), prepared.init[sub], emission[sub], L, k, floor)
+        values[sub], paths[sub], log_scale[sub] = found[:3]
+        ok[sub] &= found[3]
     total = (forward_messages(transitions, prepared.init, L)[-1] * emission).sum(-1)  # the likelihood, shifted
     # Paths of probability zero (padding, a zero emission) are exactly 0 here; a rank below the number of
     # possible paths that is below the floor underflowed, and the row goes to log space.
@@ -212,9 +249,11 @@ def k_best_paths(gates: HopGates, obs, k: int, budget=None):
     paths = torch.zeros(n, k, L, dtype=torch.long, device=device)
     log_probs = gates.log_emission.new_empty(n, k)
     route = choose_route(gates, N, max_product=True)
+    # The max-marginals and the candidates' paths; rows that are not pruned run in smaller slices.
+    extra = 4 * ENUMERATED_PATHS + 4 * (L + 1) * N
     with torch.no_grad():
-        for part, chunk in _chunks(gates, obs, "positions", budget, extra=3 * N * max(N, gates.num_symbols) * k):
-            paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k)
+        for part, chunk in _chunks(gates, obs, route, budget, extra=extra):
+            paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k, budget)
     return paths, log_probs
 
 

@@ -60,7 +60,7 @@ from .. import engine
 from ..checks import check_number
 from ..distributions import CollapsedHopChain, GateCategorical
 from ..fact_data import FactObservations, fact_chain_vocabulary
-from ..gate_ops import flat_gather, flat_index, log_normalize, table_gather
+from ..gate_ops import log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int
 from .chained import DISTANCE_UNIT
@@ -122,7 +122,7 @@ class _Chunk:
         self.rank = rank
         self.max_distance = max_distance
         self.num_symbols = num_symbols
-        self.by_rows = num_symbols + 1 <= self.fields.shape[1] * self.fields.shape[2]
+        self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
         self.nearest = None
         self._distance = None
 
@@ -133,9 +133,49 @@ class _Chunk:
             self._distance = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype))
         return self._distance
 
-    def pair_index(self, a: int, b: int) -> torch.Tensor:
-        """``(c, N, N)`` flat index of ``(f_i^a, f_j^b)`` in an ``(S + 1, S + 1)`` table."""
-        return flat_index(self.fields[..., a].unsqueeze(-1), self.fields[..., b].unsqueeze(-2), self.num_symbols + 1)
+
+class _FieldPairs(torch.autograd.Function):
+    """``sum_{a, b} tables[a, b][fields[..., i, a], fields[..., j, b]]`` ``(c, N, N)`` for ``tables (F, F, S', S')``
+    and ``fields (c, N, F)``: one flat index a field pair, formed in one reused buffer (int32 while ``S'^2 <
+    2^31``: ``index_select`` and ``index_add_`` take it, half the memory traffic of int64), the sum built in
+    place; the backward rebuilds each index and adds the gradient into its table, so nothing of size
+    ``(c, N, N)`` is kept between the passes."""
+
+    @staticmethod
+    def forward(ctx, tables, fields):
+        ctx.save_for_backward(fields)
+        ctx.tables_shape = tables.shape
+        flat = tables.reshape(tables.shape[0], tables.shape[1], -1)
+        c, N, _ = fields.shape
+        term = tables.new_empty(c, N, N)  # not a view: the caller adds into it in place
+        for a, b, index in _pair_indices(fields, tables.shape[-1]):
+            if a == b == 0:
+                torch.index_select(flat[a, b], 0, index.view(-1), out=term.view(-1))
+            else:
+                term.add_(flat[a, b].index_select(0, index.view(-1)).view(c, N, N))
+        return term
+
+    @staticmethod
+    def backward(ctx, grad):
+        (fields,) = ctx.saved_tensors
+        F, _, size, _ = ctx.tables_shape
+        grad = grad.contiguous().view(-1)
+        grad_tables = grad.new_zeros(F, F, size * size)
+        for a, b, index in _pair_indices(fields, size):
+            grad_tables[a, b].index_add_(0, index.view(-1), grad)
+        return grad_tables.view(ctx.tables_shape), None
+
+
+def _pair_indices(fields: torch.Tensor, size: int):
+    """Yield ``(a, b, index (c, N, N))``, ``index[r, i, j] = fields[r, i, a] * size + fields[r, j, b]``, in one
+    buffer overwritten at every step."""
+    symbols = fields.to(torch.int32) if size * size < 2**31 else fields
+    c, N, F = fields.shape
+    index = symbols.new_empty(c, N, N)
+    for a in range(F):
+        rows = symbols[..., a].unsqueeze(-1) * size
+        for b in range(F):
+            yield a, b, torch.add(rows, symbols[..., b].unsqueeze(-2), out=index)
 
 
 def nearest_sharing(fields: torch.Tensor, real_fields: torch.Tensor) -> torch.Tensor:
@@ -270,43 +310,42 @@ class FactAttention(HopAttentionHead):
     def pair_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
         """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
 
-        The equality weight is folded into the table (``+ w I``). While ``S + 1 <= F N`` (:meth:`_Chunk.by_rows`),
+        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`_Chunk.by_rows`),
         for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
         ``f_j^b`` (``F`` gathers of ``(c, N, N)``); otherwise each field pair is one gather from its flat table
-        at a ``(c, N, N)`` index. Either way no ``(c, N, N, F, F)`` tensor."""
+        at a ``(c, N, N)`` index, summed in place (the faster of the two below that size, measured at
+        ``S = 50``, ``N`` = 10, 30, 100). Either way no ``(c, N, N, F, F)`` tensor."""
         S, F = self.num_symbols, self.num_fields
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
         tables = _padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
-        # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
-        by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)
-        term = 0.0
         if chunk.by_rows:
+            # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
+            by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)
+            term = 0.0
             c, N, _ = chunk.fields.shape
             for b in range(F):
                 rows = sum(torch.nn.functional.embedding(chunk.fields[..., a], by_pair[a][b]) for a in range(F))
                 term = term + rows.gather(-1, chunk.fields[..., b].unsqueeze(-2).expand(c, N, N))
             return term
-        for a in range(F):
-            for b in range(F):
-                term = term + flat_gather(by_pair[a][b], chunk.pair_index(a, b))
-        return term
+        return _FieldPairs.apply(tables, chunk.fields)
 
     def _by_previous(self, name: str, hop: int, chunk: _Chunk) -> torch.Tensor:
         """``(c, N)``: ``sum_a name[hop - 1, a, f_i^a]``, a weight that depends on the previous fact's fields."""
         table = _padded(getattr(self, name)[hop - 1], 1)  # (F, S + 1)
         return table.gather(1, chunk.fields.flatten(0, 1).t()).t().reshape(chunk.fields.shape).sum(-1)
 
-    def order_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
-        """``(c, N, N)``: age, offset and direction, with slopes that depend on the previous fact ``i``."""
+    def add_order_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``(c, N, N)`` plus, in place, age, offset and direction, with slopes that depend on the
+        previous fact ``i``."""
         k = hop - 1
         distance, later = chunk.distance_and_later()
-        age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1) * chunk.age.unsqueeze(-2)
-        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1) * distance
-        forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1) * later
-        return age + offset + forward
+        age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1)
+        offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1)
+        forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1)
+        return logits.addcmul_(age, chunk.age.unsqueeze(-2)).addcmul_(offset, distance).addcmul_(forward, later)
 
-    def nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` plus ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
+    def add_nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus, in place, ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
         ``j = near_d^a(i)``: a scatter of ``2 F`` numbers per row ``i``, no ``(N, N)`` feature tensor."""
         if chunk.nearest is None:
             chunk.nearest = nearest_sharing(chunk.fields, chunk.real_fields)
@@ -317,7 +356,7 @@ class FactAttention(HopAttentionHead):
         depends = torch.stack([by_symbol[d].gather(1, index).sum(0) for d in range(2)], -1).view(c, N, 2, 1)
         weights = (self.nearest_weights[hop - 1] + depends).flatten(-2)  # (c, N, 2F)
         weights = weights * (nearest >= 0)
-        return logits.scatter_add(-1, nearest.clamp_min(0), weights)
+        return logits.scatter_add_(-1, nearest.clamp_min(0), weights)
 
     def hop_logits(self, obs: FactObservations, chunk: Optional[_Chunk] = None):
         """Unnormalised gate logits, padded facts at ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``,
@@ -328,9 +367,10 @@ class FactAttention(HopAttentionHead):
         first = first.masked_fill(~chunk.real, MASKED_LOGIT)
         later = []
         for hop in range(1, self.n_hops):
-            logits = self.question_term(hop, chunk).unsqueeze(-2) + self.pair_term(hop, chunk)
-            logits = self.nearest_term(hop, chunk, logits + self.order_term(hop, chunk))
-            later.append(logits.masked_fill(column_mask, MASKED_LOGIT))
+            # Every term is added in place into the fresh pair term: none of these ops keeps its input.
+            logits = self.pair_term(hop, chunk).add_(self.question_term(hop, chunk).unsqueeze(-2))
+            logits = self.add_nearest_term(hop, chunk, self.add_order_term(hop, chunk, logits))
+            later.append(logits.masked_fill_(column_mask, MASKED_LOGIT))
         return first, later
 
     def hop_chain(self, obs: FactObservations) -> HopChain:
@@ -346,33 +386,33 @@ class FactAttention(HopAttentionHead):
         Mixed in probability space (``F`` row lookups and one scatter of the copies), then one logarithm;
         a probability below the dtype's smallest normal number is raised to it (so a target the mixture
         cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
-        tables, copies = self._mixture_weights(obs)
+        tables, copies, total = self._mixture_weights(obs)
         rows = self.emission_tables.softmax(-1)  # (F, S, S)
         probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a]) for a in range(self.num_fields))
         probs = probs.scatter_add(-1, obs.facts, copies)
-        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
 
     def target_log_probs(self, obs: FactObservations) -> torch.Tensor:
         """``(c, N)``: :meth:`emission_log_probs` at each row's target only, in ``O(c N F)`` (the engine's
         ``position_target``: the likelihood and the path queries need no ``(c, N, S)`` table)."""
-        tables, copies = self._mixture_weights(obs)
+        tables, copies, total = self._mixture_weights(obs)
         rows = self.emission_tables.log_softmax(-1)  # (F, S, S)
         target = obs.target.view(-1, 1).expand(obs.facts.shape[:2])  # (c, N)
         table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], target) for a in range(self.num_fields)], -1).exp()
-        probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1)
-        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+        probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
+        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
 
     def _mixture_weights(self, obs: FactObservations):
-        """``(table weights (c, N, F), copy weights (c, N, F))``: the softmax over each fact's real components of
-        ``emission_mix`` plus, for a copy, ``copy_by_symbol`` of the copied symbol (all zero at a fact with no
-        real field, which is never attended)."""
-        real = obs.real_fields()  # (c, N, F)
-        F = self.num_fields
-        copy_bias = torch.nn.functional.embedding(obs.facts, self.copy_by_symbol.unsqueeze(-1)).squeeze(-1)  # (c, N, F)
-        logits = torch.cat([self.emission_mix[:F].expand_as(copy_bias), self.emission_mix[F:] + copy_bias], -1)
-        both = torch.cat([real, real], -1)
-        weights = logits.masked_fill(~both, MASKED_LOGIT).softmax(-1) * both
-        return weights[..., :F], weights[..., F:]
+        """``(table weights (c, N, F), copy weights (c, N, F), their total (c, N, 1))`` over each fact's real
+        fields: ``mix[0, a]`` and ``mix[1, a] exp(copy_by_symbol[f_i^a])``, all scaled by ``exp(-m)``, ``m`` the
+        largest positive ``copy_by_symbol``, so that none overflows (total 1 at padded facts, never attended)."""
+        real = obs.real_fields().to(self.emission_mix.dtype)  # (c, N, F)
+        mix = self.emission_mix.softmax(-1).view(2, self.num_fields)
+        top = self.copy_by_symbol.detach().max().clamp_min(0)
+        copy_scale = (self.copy_by_symbol - top).exp().take(obs.facts)  # (c, N, F)
+        tables, copies = real * (mix[0] * torch.exp(-top)), real * mix[1] * copy_scale
+        total = (tables + copies).sum(-1, keepdim=True)
+        return tables, copies, total.masked_fill(total == 0, 1.0)
 
     @property
     def log_emission(self) -> torch.Tensor:

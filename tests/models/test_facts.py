@@ -235,11 +235,13 @@ def test_checkpoint_and_resume(tmp_path):
     assert torch.equal(restored.log_likelihood(obs), straight.log_likelihood(obs))
 
 
-def test_the_flat_pair_route_for_large_vocabularies():
-    """S + 1 > F N: each field pair is a flat gather (the other route of pair_term), still exact."""
-    head = oracle.random_fact_head(2, F, 14, P, seed=8)
-    obs = oracle.random_fact_observations(2, N, F, M, 14, seed=9)
-    assert not head._chunk(obs).by_rows
+@pytest.mark.parametrize("symbols,by_rows", [(14, False), (4, True)], ids=["flat", "by-rows"])
+def test_both_pair_routes(symbols, by_rows):
+    """Both routes of pair_term, likelihood and gradients against brute force: a flat gather per field pair
+    (large vocabularies), row lookups (``2 (S + 1) <= F N``)."""
+    head = oracle.random_fact_head(2, F, symbols, P, seed=8)
+    obs = oracle.random_fact_observations(2, N, F, M, symbols, seed=9)
+    assert head._chunk(obs).by_rows == by_rows
     params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
     tables, _ = oracle.path_tables(head, obs, params)
     expected = oracle.log_likelihood(tables)
