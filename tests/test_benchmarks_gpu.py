@@ -18,7 +18,7 @@ def test_cpu_against_cpu_at_smoke_size_writes_a_table_of_zero_differences(tmp_pa
     assert list(table["workload"]) == list(gpu.WORKLOADS)
     assert table["ok"].all()
     compared = table[table["workload"] != "sample_paths"]
-    assert (compared["relative_difference"] == 0).all()
+    assert (compared["relative_difference"] == 0).all() and (compared["float64_relative_difference"] == 0).all()
     assert (table["device_seconds"] > 0).all() and (table["cpu_check_seconds"] > 0).all()
     assert table.set_index("workload").loc["enumerated_loss", "rows_timed"] == gpu.SMOKE["enumerated_rows"]
     assert table.set_index("workload").loc["log_likelihood", "rows_timed"] == gpu.SMOKE["n"]
@@ -47,16 +47,19 @@ def test_comparison_flags_numbers_and_paths_beyond_the_limits():
     assert not gpu.compare("sample_paths", {"draws": draws}, {"draws": draws + 4}, 4)["ok"]
 
 
-def test_a_missed_comparison_fails_the_run_after_writing_the_table(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("perturbed_call, factor", [(4, 1.001), (3, 1 + 1e-8)])
+def test_a_missed_comparison_fails_the_run_after_writing_the_table(tmp_path, monkeypatch, capsys, perturbed_call,
+                                                                   factor):
+    """Each workload runs on the check rows as CPU float32, CPU float64, device float64, device float32: the
+    device's float32 off by 1e-3, or its float64 off by 1e-8, fails the comparison."""
     real = gpu.run_workload
-
     calls = []
 
     def perturbed(name, head, obs, svi_steps=20):
         result = real(name, head, obs, svi_steps)
         calls.append(name)
-        if name == "path_entropy" and calls.count(name) == 2:  # the device's run on the check rows
-            result = {"values": result["values"] * 1.001}
+        if name == "path_entropy" and calls.count(name) == perturbed_call:
+            result = {"values": result["values"] * factor}
         return result
 
     monkeypatch.setattr(gpu, "WORKLOADS", ("log_likelihood", "path_entropy"))
@@ -65,6 +68,59 @@ def test_a_missed_comparison_fails_the_run_after_writing_the_table(tmp_path, mon
     assert "path_entropy" in capsys.readouterr().out.splitlines()[-1]
     table = pd.read_csv(tmp_path / "gpu.csv")
     assert list(table["ok"]) == [True, False]
+
+
+def test_path_scores_equal_brute_force_joints():
+    """gpu.path_log_joints (used to tell tied paths) against the test oracle's enumeration of every path."""
+    from tests import oracle
+
+    head = gpu.make_head(5).double()
+    obs = oracle.random_observations(6, 5, 5, 4, seed=3, masked=True)
+    tables = oracle.enumerate_paths(*oracle.onehot_vectors(head.key_tables, obs), head.sigma2,
+                                    head.emission.detach().double(), obs.values, obs.target, obs.mask)
+    for row, table in enumerate(tables):
+        paths = torch.tensor(list(table)).unsqueeze(0)  # (1, paths, L)
+        want = torch.tensor([joint for _, joint in table.values()], dtype=torch.float64).log()
+        got = gpu.path_log_joints(head, obs[row:row + 1], paths)[0]
+        assert torch.allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_paths_may_differ_between_ties_only():
+    """Positions 0 and 1 carry the same (key, value) symbols: paths through either are tied exactly."""
+    from pyro_multihop import Observations
+
+    head = gpu.make_head(6).double()
+    n = 10
+    keys = torch.tensor([[2, 2, 3, 4]]).repeat(n, 1)
+    values = torch.tensor([[1, 1, 5, 0]]).repeat(n, 1)
+    obs = Observations(keys, values, torch.full((n,), 2), torch.zeros(n, dtype=torch.long))
+    want = torch.tensor([[0, 2, 3]]).repeat(n, 1)
+    tied, untied = want.clone(), want.clone()
+    tied[:3, 0] = 1
+    untied[:3, 0] = 2
+    differing, not_tied = gpu.path_differences(tied, want, head, obs)
+    assert differing == pytest.approx(0.3) and not_tied == 0.0
+    assert gpu.compare("map_paths", {"paths": want}, {"paths": tied}, 4, head, obs)["ok"]
+    differing, not_tied = gpu.path_differences(untied, want, head, obs)
+    assert differing == pytest.approx(0.3) and not_tied == pytest.approx(0.3)
+    assert not gpu.compare("map_paths", {"paths": want}, {"paths": untied}, 4, head, obs)["ok"]
+    repeated = torch.stack([want, want], 1)  # (n, 2, L): the same path twice is no list of k best
+    assert not gpu.compare("k_best_paths", {"paths": torch.stack([want, tied], 1)}, {"paths": repeated}, 4, head, obs)["ok"]
+
+
+def test_float32_may_be_as_far_from_float64_as_the_cpus_own_float32():
+    exact = {"values": torch.linspace(1.0, 2.0, 20, dtype=torch.float64)}
+
+    def results(cpu32, device32, device64=1.0):
+        return {("cpu", "float64"): exact, ("device", "float64"): {"values": exact["values"] * device64},
+                ("cpu", "float32"): {"values": exact["values"] * cpu32},
+                ("device", "float32"): {"values": exact["values"] * device32}}
+
+    assert gpu.compare_precisions("log_likelihood", results(1 + 3e-5, 1 - 3e-5), 4, None, None)["ok"]
+    row = gpu.compare_precisions("log_likelihood", results(1 + 3e-5, 1 + 2e-4), 4, None, None)
+    assert not row["ok"] and row["cpu_float32_error"] == pytest.approx(3e-5, rel=1e-6)
+    assert gpu.compare_precisions("log_likelihood", results(1 + 1e-7, 1 - 1e-7), 4, None, None)["ok"]
+    assert not gpu.compare_precisions("log_likelihood", results(1 + 1e-7, 1 - 1e-7, 1 + 1e-8), 4, None, None)["ok"]
 
 
 def test_without_cuda_it_skips_with_one_line_and_exit_code_0(tmp_path, monkeypatch, capsys):
