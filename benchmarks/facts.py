@@ -6,7 +6,8 @@ Two tables, written to ``OUT/facts.md`` (and ``facts_speed.csv``, ``facts_memory
   backward (one training step's work), for ``FactAttention`` (``F = 3`` fields, a 3-token question, every
   term on) and for ``ChainedAttention(max_distance=D)`` (the chained head whose gate has position terms, so
   the engine runs its dense route on the head's ``(c, N, N)`` factors) at the same ``N`` and ``L``, on one
-  thread, best of ``--repeats``; ``ratio`` = facts / chained.
+  thread, the fastest of ``--repeats`` rotated rounds (each round times all four once); ``ratio`` = facts /
+  chained.
 - **memory**: the working memory (peak resident set minus the resident set before the query, minus the
   output) of ``log_likelihood`` and ``predict_proba`` without gradients under a 32 MiB budget, for growing
   ``n``, each ``n`` in a fresh subprocess (with ``MALLOC_TRIM_THRESHOLD_=0``, so that glibc returns freed
@@ -62,32 +63,37 @@ def as_chained(obs: FactObservations) -> Observations:
     return Observations(obs.facts[..., 0], obs.facts[..., 2], obs.question[:, 0], obs.target)
 
 
-def best_time(function, repeats: int) -> float:
-    function()  # warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def best_times(functions: dict, repeats: int) -> dict:
+    """``{name: fastest seconds}`` of each function, timed in ``repeats`` rotated rounds (one call of each per
+    round, after one warm-up call each), so that a machine whose speed drifts slows every side alike."""
+    for function in functions.values():
         function()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    best = {name: float("inf") for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def speed_point(L: int, N: int, n: int, repeats: int) -> dict:
     facts_head, chained_head = make_heads(L, N)
     data = make_data(n, N)
     chained_data = as_chained(data)
-    row = {"L": L, "N": N, "n": n}
+    functions = {}
     for name, head, obs in (("facts", facts_head, data), ("chained", chained_head, chained_data)):
-        def forward():
+        def forward(head=head, obs=obs):
             with torch.no_grad():
                 head.log_likelihood(obs)
 
-        def training_step():
+        def training_step(head=head, obs=obs):
             head.zero_grad()
             head.log_likelihood(obs).sum().backward()
 
-        row[f"{name}_forward_s_per_1k"] = 1000 * best_time(forward, repeats) / n
-        row[f"{name}_train_s_per_1k"] = 1000 * best_time(training_step, repeats) / n
+        functions[f"{name}_forward"], functions[f"{name}_train"] = forward, training_step
+    best = best_times(functions, repeats)
+    row = {"L": L, "N": N, "n": n, **{f"{name}_s_per_1k": 1000 * seconds / n for name, seconds in best.items()}}
     row["forward_ratio"] = row["facts_forward_s_per_1k"] / row["chained_forward_s_per_1k"]
     row["train_ratio"] = row["facts_train_s_per_1k"] / row["chained_train_s_per_1k"]
     return row
@@ -151,7 +157,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), for the tests")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.smoke:
@@ -172,7 +178,7 @@ def main(argv=None) -> None:
         "# FactAttention against the chained head's dense route",
         "",
         f"`python benchmarks/facts.py --out benchmarks/results{' --smoke' if args.smoke else ''}`; one thread, "
-        f"best of {repeats}; S = {S}, F = {F} fields, M = {M} question tokens; load average {load:.1f} at the end.",
+        f"fastest of {repeats} rotated rounds; S = {S}, F = {F} fields, M = {M} question tokens; load average {load:.1f} at the end.",
         "",
         "Seconds per 1000 rows of the exact log-likelihood (forward; forward + backward):",
         "",

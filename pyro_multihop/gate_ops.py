@@ -75,19 +75,30 @@ def table_gather(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) ->
     return _TableGather.apply(table, rows, cols)
 
 
+def _take(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    if index.dtype == torch.int32:  # take wants int64; index_select takes int32 (half the index traffic)
+        return flat.index_select(0, index.reshape(-1)).view(index.shape)
+    return flat.take(index)
+
+
 class _FlatGather(torch.autograd.Function):
-    """``table.reshape(-1)[index]`` with a ``scatter_add`` backward that reuses the given index."""
+    """``table.reshape(-1)[index]`` with a ``scatter_add`` (``index_add_`` for an int32 index) backward that
+    reuses the given index."""
 
     @staticmethod
     def forward(ctx, table, index):
         ctx.save_for_backward(index)
         ctx.table_shape = table.shape
-        return table.reshape(-1).take(index)
+        return _take(table.reshape(-1), index)
 
     @staticmethod
     def backward(ctx, grad):
         (index,) = ctx.saved_tensors
-        grad_table = grad.new_zeros(ctx.table_shape.numel()).scatter_add_(0, index.reshape(-1), grad.reshape(-1))
+        grad_table = grad.new_zeros(ctx.table_shape.numel())
+        if index.dtype == torch.int32:
+            grad_table.index_add_(0, index.reshape(-1), grad.reshape(-1))
+        else:
+            grad_table.scatter_add_(0, index.reshape(-1), grad.reshape(-1))
         return grad_table.view(ctx.table_shape), None
 
 
@@ -96,5 +107,5 @@ def flat_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     index serves several tables (the hops of a dense chunk), it is built once, not once per gather and again
     in every backward."""
     if not table.requires_grad or not torch.is_grad_enabled():
-        return table.reshape(-1).take(index)
+        return _take(table.reshape(-1), index)
     return _FlatGather.apply(table, index)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pyro_multihop.gate_ops import SHORT_ROW, log_normalize, table_gather
+from pyro_multihop.gate_ops import SHORT_ROW, flat_gather, log_normalize, table_gather
 from pyro_multihop.engine.log_space import MASKED_LOGIT
 
 
@@ -55,3 +55,22 @@ def test_table_gather_without_gradient_is_a_plain_gather():
     assert torch.equal(table_gather(table, rows, cols), table[rows, cols])
     with torch.no_grad():
         assert torch.equal(table_gather(table.clone().requires_grad_(True), rows, cols), table[rows, cols])
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_flat_gather_equals_flat_indexing_and_its_gradient(index_dtype):
+    """Both index dtypes (int32 goes through index_select / index_add_): values and the accumulated gradient
+    of repeated indices against plain indexing of the flattened table."""
+    generator = torch.Generator().manual_seed(2)
+    table = torch.randn(3, 4, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    index = torch.randint(60, (6, 2, 7), generator=generator)
+    weights = torch.randn(6, 2, 7, generator=generator, dtype=torch.float64)
+    actual = flat_gather(table, index.to(index_dtype))
+    expected = table.reshape(-1)[index]
+    assert actual.shape == index.shape and torch.equal(actual, expected)
+    (actual_grad,) = torch.autograd.grad((actual * weights).sum(), table)
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), table)
+    assert torch.allclose(actual_grad, expected_grad, atol=1e-14)
+    assert (expected_grad != 0).sum() > 20
+    with torch.no_grad():
+        assert torch.equal(flat_gather(table, index.to(index_dtype)), expected)

@@ -41,8 +41,10 @@ MAP and k-best paths, samples and entropy are exact (the engine's dense route, `
 ``ChainedAttention`` is the special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0, 0]``
 = its first score table, ``content_tables[l, 1, 0]`` = the later ones, the emission the value field's table.
 
-Memory: the dense factors of a chunk are built one field pair at a time, so a chunk of ``c`` rows holds
-``O(c N^2)`` (never a ``(c, N, N, F, F)`` tensor); the emission holds ``(c, N, S)``.
+Memory: the dense factors of a chunk are summed one field pair at a time, so a chunk of ``c`` rows holds
+``O(c N^2)`` numbers (never a floating-point ``(c, N, N, F, F)`` tensor), beside the ``F^2`` flat pair indices
+``(F, F, c, N, N)`` (int32), which it builds once and shares between its hops and the backward; the
+emission holds ``(c, N, S)``. The engine sizes chunks under its memory budget with all of these counted.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from .. import engine
 from ..checks import check_number
 from ..distributions import CollapsedHopChain, GateCategorical
 from ..fact_data import FactObservations, fact_chain_vocabulary
-from ..gate_ops import log_normalize, table_gather
+from ..gate_ops import flat_gather, log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int
 from .chained import DISTANCE_UNIT
@@ -125,6 +127,8 @@ class _Chunk:
         self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
         self.nearest = None
         self._distance = None
+        self._pair_index = None
+        self._question_index = None
 
     def distance_and_later(self):
         """``(min(|rank_j - rank_i|, D) / U, [rank_j > rank_i])``, both ``(c, N, N)`` (built on first use)."""
@@ -133,49 +137,78 @@ class _Chunk:
             self._distance = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype))
         return self._distance
 
+    def nearest_facts(self):
+        """``(index, found)``, both ``(c, N, 2 F)``: :func:`nearest_sharing` of the chunk with -1 mapped to 0, and
+        whether there is such a fact (in the parameters' dtype); built on first use."""
+        if self.nearest is None:
+            nearest = nearest_sharing(self.fields, self.real_fields).flatten(-2)  # (c, N, 2F)
+            self.nearest = (nearest.clamp_min(0), (nearest >= 0).to(self.rank.dtype))
+        return self.nearest
+
+    def _symbols(self, symbols: torch.Tensor) -> torch.Tensor:
+        # int32 while the flat tables have fewer than 2^31 entries: index_select and index_add_ take it, half
+        # the memory traffic of int64
+        size = self.num_symbols + 1
+        return symbols.to(torch.int32) if self.fields.shape[-1] ** 2 * size * size < 2**31 else symbols
+
+    def pair_index(self) -> torch.Tensor:
+        """``(F, F, c, N, N)``: ``[a, b, r, i, j] = f_i^a (S + 1) + f_j^b``, the flat index of field pair ``(a, b)``
+        in an ``(S + 1, S + 1)`` table; built on first use and shared by every hop (forward and backward)."""
+        if self._pair_index is None:
+            fields = self._symbols(self.fields).permute(2, 0, 1).contiguous()  # (F, c, N)
+            rows = (fields * (self.num_symbols + 1)).unsqueeze(-1)  # (F, c, N, 1)
+            F, c, N = fields.shape
+            self._pair_index = fields.new_empty(F, F, c, N, N)
+            for a in range(F):  # pair by pair: one 5-dim broadcast add is several times slower
+                for b in range(F):
+                    torch.add(rows[a], fields[b].unsqueeze(-2), out=self._pair_index[a, b])
+        return self._pair_index
+
+    def question_index(self) -> torch.Tensor:
+        """``(c, M, F, N)``: ``[r, m, b, j] = b (S + 1)^2 + q_m (S + 1) + f_j^b``, the flat index of (token
+        ``m``, field ``b`` of fact ``j``) in ``F`` stacked ``(S + 1, S + 1)`` tables; built on first use."""
+        if self._question_index is None:
+            size = self.num_symbols + 1
+            F = self.fields.shape[-1]
+            fields = self._symbols(self.fields).transpose(1, 2).contiguous()  # (c, F, N)
+            offsets = torch.arange(F, device=fields.device, dtype=fields.dtype).view(1, F, 1) * (size * size)
+            question = self._symbols(self.question) * size  # (c, M)
+            self._question_index = (fields + offsets).unsqueeze(1) + question.view(*question.shape, 1, 1)
+        return self._question_index
+
 
 class _FieldPairs(torch.autograd.Function):
-    """``sum_{a, b} tables[a, b][fields[..., i, a], fields[..., j, b]]`` ``(c, N, N)`` for ``tables (F, F, S', S')``
-    and ``fields (c, N, F)``: one flat index a field pair, formed in one reused buffer (int32 while ``S'^2 <
-    2^31``: ``index_select`` and ``index_add_`` take it, half the memory traffic of int64), the sum built in
-    place; the backward rebuilds each index and adds the gradient into its table, so nothing of size
-    ``(c, N, N)`` is kept between the passes."""
+    """``sum_{a, b} tables[a, b][fields[..., i, a], fields[..., j, b]]`` ``(c, N, N)`` for ``tables (F, F, S', S')``,
+    given the chunk's flat pair indices ``(F, F, c, N, N)`` (:meth:`_Chunk.pair_index`, shared by every hop and
+    by the backward): one ``index_select`` a field pair, the sum built in place; the backward adds the gradient
+    into each table with ``index_add_`` at the same index."""
 
     @staticmethod
-    def forward(ctx, tables, fields):
-        ctx.save_for_backward(fields)
+    def forward(ctx, tables, pair_index):
+        ctx.save_for_backward(pair_index)
         ctx.tables_shape = tables.shape
         flat = tables.reshape(tables.shape[0], tables.shape[1], -1)
-        c, N, _ = fields.shape
+        F, _, c, N, _ = pair_index.shape
         term = tables.new_empty(c, N, N)  # not a view: the caller adds into it in place
-        for a, b, index in _pair_indices(fields, tables.shape[-1]):
-            if a == b == 0:
-                torch.index_select(flat[a, b], 0, index.view(-1), out=term.view(-1))
-            else:
-                term.add_(flat[a, b].index_select(0, index.view(-1)).view(c, N, N))
+        for a in range(F):
+            for b in range(F):
+                index = pair_index[a, b].view(-1)
+                if a == b == 0:
+                    torch.index_select(flat[a, b], 0, index, out=term.view(-1))
+                else:
+                    term.add_(flat[a, b].index_select(0, index).view(c, N, N))
         return term
 
     @staticmethod
     def backward(ctx, grad):
-        (fields,) = ctx.saved_tensors
+        (pair_index,) = ctx.saved_tensors
         F, _, size, _ = ctx.tables_shape
         grad = grad.contiguous().view(-1)
         grad_tables = grad.new_zeros(F, F, size * size)
-        for a, b, index in _pair_indices(fields, size):
-            grad_tables[a, b].index_add_(0, index.view(-1), grad)
+        for a in range(F):
+            for b in range(F):
+                grad_tables[a, b].index_add_(0, pair_index[a, b].view(-1), grad)
         return grad_tables.view(ctx.tables_shape), None
-
-
-def _pair_indices(fields: torch.Tensor, size: int):
-    """Yield ``(a, b, index (c, N, N))``, ``index[r, i, j] = fields[r, i, a] * size + fields[r, j, b]``, in one
-    buffer overwritten at every step."""
-    symbols = fields.to(torch.int32) if size * size < 2**31 else fields
-    c, N, F = fields.shape
-    index = symbols.new_empty(c, N, N)
-    for a in range(F):
-        rows = symbols[..., a].unsqueeze(-1) * size
-        for b in range(F):
-            yield a, b, torch.add(rows, symbols[..., b].unsqueeze(-2), out=index)
 
 
 def nearest_sharing(fields: torch.Tensor, real_fields: torch.Tensor) -> torch.Tensor:
@@ -296,16 +329,14 @@ class FactAttention(HopAttentionHead):
         return log_normalize(logits.masked_fill(~chunk.real_tokens, MASKED_LOGIT)).exp()
 
     def question_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
-        """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``."""
-        weights = self.question_weights(hop, chunk).unsqueeze(-1)  # (c, M, 1)
+        """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``:
+        one gather of ``(c, M, F, N)`` from the ``F`` tables at the chunk's :meth:`_Chunk.question_index`."""
+        weights = self.question_weights(hop, chunk)  # (c, M)
         S = self.num_symbols
         eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
-        term = 0.0
         tables = _padded(self.question_tables[hop] + self.question_equality[hop, :, None, None] * eye, 2)  # (F, S+1, S+1)
-        for b, table in enumerate(tables.unbind(0)):
-            match = table_gather(table, chunk.question.unsqueeze(-1), chunk.fields[..., b].unsqueeze(-2))  # (c, M, N)
-            term = term + (weights * match).sum(-2)  # a (c, 1, M) x (c, M, N) bmm is slower for short M
-        return term
+        match = flat_gather(tables, chunk.question_index())  # (c, M, F, N)
+        return (weights[..., None, None] * match).sum((1, 2))
 
     def pair_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
         """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
@@ -327,7 +358,7 @@ class FactAttention(HopAttentionHead):
                 rows = sum(torch.nn.functional.embedding(chunk.fields[..., a], by_pair[a][b]) for a in range(F))
                 term = term + rows.gather(-1, chunk.fields[..., b].unsqueeze(-2).expand(c, N, N))
             return term
-        return _FieldPairs.apply(tables, chunk.fields)
+        return _FieldPairs.apply(tables, chunk.pair_index())
 
     def _by_previous(self, name: str, hop: int, chunk: _Chunk) -> torch.Tensor:
         """``(c, N)``: ``sum_a name[hop - 1, a, f_i^a]``, a weight that depends on the previous fact's fields."""
@@ -347,16 +378,15 @@ class FactAttention(HopAttentionHead):
     def add_nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus, in place, ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
         ``j = near_d^a(i)``: a scatter of ``2 F`` numbers per row ``i``, no ``(N, N)`` feature tensor."""
-        if chunk.nearest is None:
-            chunk.nearest = nearest_sharing(chunk.fields, chunk.real_fields)
-        nearest = chunk.nearest.flatten(-2)  # (c, N, 2F)
+        index, found = chunk.nearest_facts()  # (c, N, 2 F) each
         c, N, F = chunk.fields.shape
         by_symbol = _padded(self.nearest_by_symbol[hop - 1], 1)  # (2, F, S + 1)
-        index = chunk.fields.reshape(c * N, F).t()  # (F, cN)
-        depends = torch.stack([by_symbol[d].gather(1, index).sum(0) for d in range(2)], -1).view(c, N, 2, 1)
-        weights = (self.nearest_weights[hop - 1] + depends).flatten(-2)  # (c, N, 2F)
-        weights = weights * (nearest >= 0)
-        return logits.scatter_add_(-1, nearest.clamp_min(0), weights)
+        fields = chunk.fields.reshape(c * N, F)
+        depends = sum(by_symbol[:, a].index_select(1, fields[:, a]) for a in range(F))  # (2, c N)
+        # (2, F, c N): broadcasting over a last dim of c N, several times faster than over one of F
+        weights = self.nearest_weights[hop - 1].unsqueeze(-1) + depends.unsqueeze(1)
+        weights = weights.view(2 * F, c, N).permute(1, 2, 0) * found  # (c, N, 2 F)
+        return logits.scatter_add_(-1, index, weights)
 
     def hop_logits(self, obs: FactObservations, chunk: Optional[_Chunk] = None):
         """Unnormalised gate logits, padded facts at ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``,
@@ -425,9 +455,9 @@ class FactAttention(HopAttentionHead):
         F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
 
         def extra_elements(N: int) -> float:
-            # pair indices (int64) and their gathers, the order terms of a hop, the emission's logaddexps,
-            # the question's (M, N) matches
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 5 * N * S + 2 * P * N * F
+            # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
+            # hop, the emission's logaddexps, the question's (M, F, N) index and matches
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 5 * N * S + 3 * P * N * F
 
         return engine.HopGates(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
                                extra_elements=extra_elements, position_target=self.target_log_probs)
