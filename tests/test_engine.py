@@ -114,7 +114,18 @@ def test_chunking_does_not_change_the_answers(kind, ratio, monkeypatch):
     assert torch.allclose(head.log_likelihood(obs, budget=tiny), head.log_likelihood(obs), rtol=1e-13)
     assert torch.allclose(head.hop_marginals(obs, budget=tiny), head.hop_marginals(obs), atol=1e-14)
     assert torch.allclose(head.predict_proba(obs, budget=tiny), head.predict_proba(obs), atol=1e-14)
-    assert torch.equal(head.map_paths(obs, budget=tiny), head.map_paths(obs))
+    chunked, whole = head.map_paths(obs, budget=tiny), head.map_paths(obs)
+    # Positions with the same (key, value) symbols make exactly tied paths, and a chunk of one row takes another
+    # route than the whole batch (gathered logits against exponentiated tables), so a tie may break the other
+    # way: every differing row must hold two paths of the same, largest, joint probability.
+    differing = (chunked != whole).any(-1).nonzero().flatten().tolist()
+    if differing:
+        tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, head.emission.detach().double(),
+                                        obs.values, obs.target, obs.mask)
+        for row in differing:
+            best = max(joint for _, joint in tables[row].values())
+            for path in (chunked[row], whole[row]):
+                assert tables[row][tuple(path.tolist())][1] == pytest.approx(best, rel=1e-12)
     with engine.memory_budget(tiny):
         assert torch.allclose(head.value_marginals(obs), head.value_marginals(obs, budget=2**30), atol=1e-14)
 
