@@ -199,12 +199,13 @@ def compare(name: str, cpu: dict, device: dict, context_len: int, head=None, obs
     """Workload ``name``'s largest difference, device against CPU (same dtype): ``relative_difference`` over its
     numbers, and for path queries ``differing_rows`` and ``untied_rows`` (:func:`path_differences`, with
     ``head`` and the check rows ``obs`` to score ties); ``sample_paths`` only by shape and range (positions
-    ``0 .. context_len - 1``). ``ok`` holds the relative limit and the paths limit on the untied rows."""
+    ``0 .. context_len - 1``). ``paths_ok``: the paths limit on the untied rows and distinct k best; ``ok``: that
+    and the relative limit."""
     if name == "sample_paths":
         draws = device["draws"]
         ok = draws.shape == cpu["draws"].shape and bool((draws >= 0).all()) and bool((draws < context_len).all())
         return {"workload": name, "compared": "shape and range only (own random stream)", "relative_difference": None,
-                "differing_rows": None, "untied_rows": None, "ok": ok}
+                "differing_rows": None, "untied_rows": None, "paths_ok": ok, "ok": ok}
     relative, differing, untied, distinct = 0.0, None, None, True
     for part, want in cpu.items():
         got = device[part]
@@ -214,9 +215,10 @@ def compare(name: str, cpu: dict, device: dict, context_len: int, head=None, obs
             differing, untied = path_differences(got, want, head, obs)
             if got.dim() == 3:
                 distinct = _distinct_paths(got.cpu())
-    ok = relative <= LIMITS["relative"] and (untied is None or untied <= LIMITS["paths"]) and distinct
+    paths_ok = (untied is None or untied <= LIMITS["paths"]) and distinct
     return {"workload": name, "compared": ", ".join(cpu), "relative_difference": relative,
-            "differing_rows": differing, "untied_rows": untied, "ok": ok}
+            "differing_rows": differing, "untied_rows": untied, "paths_ok": paths_ok,
+            "ok": paths_ok and relative <= LIMITS["relative"]}
 
 
 def compare_precisions(name: str, results: dict, context_len: int, head64, obs) -> dict:
@@ -237,8 +239,7 @@ def compare_precisions(name: str, results: dict, context_len: int, head64, obs) 
     float64_ok = exact["ok"] and (exact["relative_difference"] is None
                                   or exact["relative_difference"] <= LIMITS["float64"])
     float32_ok = single["ok"]
-    paths_ok = single["untied_rows"] is None or single["untied_rows"] <= LIMITS["paths"]
-    if name != "sample_paths" and paths_ok and single["relative_difference"] > LIMITS["relative"]:
+    if name != "sample_paths" and single["paths_ok"] and single["relative_difference"] > LIMITS["relative"]:
         cpu_error = compare(name, results[("cpu", "float64")], results[("cpu", "float32")], context_len)
         device_error = compare(name, results[("cpu", "float64")], results[("device", "float32")], context_len)
         row.update(cpu_float32_error=cpu_error["relative_difference"],

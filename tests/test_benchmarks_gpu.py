@@ -129,3 +129,27 @@ def test_without_cuda_it_skips_with_one_line_and_exit_code_0(tmp_path, monkeypat
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "skipped" in lines[0] and "CUDA" in lines[0]
     assert not (tmp_path / "results").exists()
+
+
+def test_the_rounding_rule_does_not_excuse_repeated_k_best_paths():
+    """A float32 difference within the CPU's own rounding passes only while the k best paths are distinct.
+    Positions 0 and 1 carry the same symbols, so the repeated path is tied with the one it replaces."""
+    from pyro_multihop import Observations
+
+    head = gpu.make_head(6).double()
+    n = 4
+    obs = Observations(torch.tensor([[2, 2, 3, 4]]).repeat(n, 1), torch.tensor([[1, 1, 5, 0]]).repeat(n, 1),
+                       torch.full((n,), 2), torch.zeros(n, dtype=torch.long))
+    paths = torch.tensor([[[0, 2, 3], [1, 2, 3]]]).repeat(n, 1, 1)  # (n, k, L): two tied, distinct paths
+    repeated = torch.tensor([[[0, 2, 3], [0, 2, 3]]]).repeat(n, 1, 1)
+    log_probs = torch.tensor([[-1.0, -1.0]], dtype=torch.float64).repeat(n, 1)
+
+    def results(device_paths):
+        exact = {"paths": paths, "log_probs": log_probs}
+        return {("cpu", "float64"): exact, ("device", "float64"): exact,
+                ("cpu", "float32"): {"paths": paths, "log_probs": log_probs * (1 + 3e-5)},
+                ("device", "float32"): {"paths": device_paths, "log_probs": log_probs * (1 - 3e-5)}}
+
+    assert gpu.compare_precisions("k_best_paths", results(paths), 5, head, obs)["ok"]
+    row = gpu.compare_precisions("k_best_paths", results(repeated), 5, head, obs)
+    assert row["untied_rows"] == 0.0 and not row["ok"]

@@ -125,7 +125,7 @@ class _Chunk:
         self.max_distance = max_distance
         self.num_symbols = num_symbols
         self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
-        self.nearest = None
+        self._nearest = None
         self._distance = None
         self._pair_index = None
         self._question_index = None
@@ -140,10 +140,10 @@ class _Chunk:
     def nearest_facts(self):
         """``(index, found)``, both ``(c, N, 2 F)``: :func:`nearest_sharing` of the chunk with -1 mapped to 0, and
         whether there is such a fact (in the parameters' dtype); built on first use."""
-        if self.nearest is None:
+        if self._nearest is None:
             nearest = nearest_sharing(self.fields, self.real_fields).flatten(-2)  # (c, N, 2F)
-            self.nearest = (nearest.clamp_min(0), (nearest >= 0).to(self.rank.dtype))
-        return self.nearest
+            self._nearest = (nearest.clamp_min(0), (nearest >= 0).to(self.rank.dtype))
+        return self._nearest
 
     def _symbols(self, symbols: torch.Tensor) -> torch.Tensor:
         # int32 while the flat tables have fewer than 2^31 entries: index_select and index_add_ take it, half
