@@ -413,15 +413,15 @@ def peer_table(row: dict) -> list:
 
 # -- Pyro's DiscreteHMM peer -------------------------------------------------------------------------------------
 def hmm_logits(gates, obs):
-    """The inputs a user of Pyro's ``DiscreteHMM`` builds from the head's score tables ``gates.scores (L, S, S)``:
+    """The inputs a user of Pyro's ``DiscreteHMM`` builds from the head's score tables ``gates.score_tables``:
     initial logits ``(n, N)`` of hop 1, transition logits ``(n, L - 1, N, N)`` (``[b, l, i, j]``: position ``i``'s
     value meets position ``j``'s key at hop ``l + 2``; unnormalised, ``DiscreteHMM`` normalises them) and the
-    target's log emission ``(n, N)`` at each position of the last hop."""
-    scores = gates.scores
-    initial = scores[0][obs.query.unsqueeze(-1), obs.keys]
-    transition = scores[1:][:, obs.values.unsqueeze(-1), obs.keys.unsqueeze(-2)].transpose(0, 1)
+    target's log emission ``(n, N)`` at each position of the last hop. The logits come from
+    ``ScoreTables.chain_logits``, the cheapest route the library offers (one gather from the key tables, never
+    the whole ``(L, S, S)`` table), so the build is what a user who knows the library would pay."""
+    initial, transition = gates.score_tables.chain_logits(obs)
     emission = gates.log_emission[obs.values, obs.target.unsqueeze(-1)]
-    return initial, transition, emission
+    return initial, transition.transpose(0, 1), emission
 
 
 def discrete_hmm(initial, transition, emission):

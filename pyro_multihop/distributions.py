@@ -220,8 +220,8 @@ class CollapsedHopChain(TorchDistribution):
 def _gates_batch_shape(gates) -> torch.Size:
     """``G``: the batch dims of the gate's tables (empty for an unbatched gate); checked (last dim 1)."""
     emission_dims = gates.log_emission.shape[:-2]
-    score_dims = torch.Size() if gates.scores is None else gates.scores.shape[:-3]
-    if gates.scores is None and emission_dims:
+    score_dims = torch.Size() if gates.score_tables is None else gates.score_tables.batch_shape
+    if gates.score_tables is None and emission_dims:
         raise ValueError(f"batched gates need score tables: log_emission has batch dims {tuple(emission_dims)} "
                          "but the gate has position terms (scores is None)")
     shape = torch.broadcast_shapes(score_dims, emission_dims)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["table_gather", "flat_gather", "flat_index", "log_normalize", "SHORT_ROW"]
+__all__ = ["table_gather", "flat_gather", "flat_index", "small_flat_index", "log_normalize", "SHORT_ROW"]
 
 # Rows shorter than this are normalised as ``x - logsumexp(x)``: torch's CPU ``log_softmax`` kernel
 # vectorises across a row, and for rows shorter than a vector (16 float32 lanes) it is 1.5-2.5x slower,
@@ -38,6 +38,13 @@ def flat_index(rows: torch.Tensor, cols: torch.Tensor, num_cols: int) -> torch.T
     """``rows * num_cols + cols`` (broadcast): the index of ``table[rows, cols]`` in ``table.reshape(-1)``, for
     :func:`flat_gather` from several tables of the same shape."""
     return _flat_index(rows, cols, num_cols)
+
+
+def small_flat_index(rows: torch.Tensor, cols: torch.Tensor, num_cols: int, num_entries: int) -> torch.Tensor:
+    """:func:`flat_index` into a table of ``num_entries`` entries, as int32 when they number fewer than ``2^31``
+    (half the memory traffic of int64 for the index of a million-pair chunk), else int64."""
+    dtype = torch.int32 if num_entries < 2**31 else torch.int64
+    return rows.to(dtype) * num_cols + cols.to(dtype)
 
 
 class _TableGather(torch.autograd.Function):
@@ -76,9 +83,9 @@ def table_gather(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) ->
 
 
 def _take(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    if index.dtype == torch.int32:  # take wants int64; index_select takes int32 (half the index traffic)
-        return flat.index_select(0, index.reshape(-1)).view(index.shape)
-    return flat.take(index)
+    # index_select rather than take: about 3x faster on one CPU thread for millions of entries from a table of
+    # a million (measured 2.8 against 8.1 ms); it also takes an int32 index (half the index traffic).
+    return flat.index_select(0, index.reshape(-1)).view(index.shape)
 
 
 class _FlatGather(torch.autograd.Function):

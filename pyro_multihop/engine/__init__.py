@@ -29,7 +29,7 @@ The observations need only ``len()``, ``context_len``, ``obs[slice or LongTensor
 the symbol tables are (``scores``, ``log_emission`` without a ``position_emission``, :func:`value_marginals`).
 
 Modules, one job each: :mod:`.budget` (the memory budget and chunking), :mod:`.hop_gates` (what a head hands
-the engine, the route choice), :mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and
+the engine, the route choice), :mod:`.score_tables` (the gate's symbol tables, read lazily), :mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and
 its two routes), :mod:`.posterior` (forward-backward over chunks), :mod:`.queries` (likelihood, predictive,
 marginals), :mod:`.paths` (MAP, k best, sampling, entropy), :mod:`.log_space` (the log-space recursions on
 dense chunks).
@@ -40,6 +40,7 @@ Shapes: ``n`` rows, ``c`` rows of a chunk, ``N`` positions, ``L`` hops, ``S`` sy
 from .budget import DEFAULT_MEMORY_BUDGET, get_memory_budget, memory_budget, rows_within_budget, set_memory_budget
 from .hop_gates import ROUTES, SYMBOL_ROUTE_RATIO, HopGates, chain_from_scores, choose_route
 from .log_space import ChainPosterior, HopChain
+from .score_tables import DenseScoreTables, KeyTableScores, ScoreTables, as_score_tables
 from .paths import HopPosterior, dense_chunks, k_best_paths, map_paths, path_entropy, sample_paths
 from .posterior import ChunkPosterior, forward_backward_chunks
 from .queries import (
@@ -55,6 +56,10 @@ from .transitions import PositionTransitions, SymbolTransitions, Transitions, ke
 __all__ = [
     "HopGates",
     "HopChain",
+    "ScoreTables",
+    "DenseScoreTables",
+    "KeyTableScores",
+    "as_score_tables",
     "HopPosterior",
     "ChainPosterior",
     "DEFAULT_MEMORY_BUDGET",

@@ -7,8 +7,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..gate_ops import flat_gather, flat_index, table_gather
 from .log_space import HopChain, masked_log_softmax
+from .score_tables import ScoreTables, as_score_tables
 
 __all__ = ["HopGates", "SYMBOL_ROUTE_RATIO", "ROUTES", "chain_from_scores", "choose_route", "first_hop_log_probs"]
 
@@ -30,9 +30,12 @@ class HopGates:
     :ivar dense_chain: ``observations -> HopChain``, the dense log factors of a chunk (``init (c, N)``,
         ``trans (L - 1, c, N, N)``).
     :ivar n_hops: ``L``.
-    :ivar scores: ``(L, S, S)`` or None; ``scores[l, q, k]`` is the unnormalised logit of hop ``l + 1``
-        when its query symbol ``q`` meets key symbol ``k``. None when the gate depends on more than the
-        two symbols (then only the dense log factors are available).
+    :ivar score_tables: :class:`~.score_tables.ScoreTables` or None: ``scores[l, q, k]`` ``(L, S, S)``, the
+        unnormalised logit of hop ``l + 1`` when its query symbol ``q`` meets key symbol ``k``, read lazily
+        (gathered at a chunk's pairs, or exponentiated whole). None when the gate depends on more than the two
+        symbols (then only the dense log factors are available). The constructor's ``scores`` takes a tensor
+        (wrapped in :class:`~.score_tables.DenseScoreTables`) or a :class:`~.score_tables.ScoreTables`.
+    :ivar scores: the whole ``(L, S, S)`` table (formed on first read), or None.
     :ivar position_emission: None (the target is emitted from the last attended value through
         ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
         that the last hop attends position ``i``: an emission that reads more of a position than its value
@@ -48,7 +51,7 @@ class HopGates:
     """
 
     def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[object], HopChain], n_hops: int,
-                 scores: Optional[torch.Tensor] = None,
+                 scores=None,
                  position_emission: Optional[Callable[[object], torch.Tensor]] = None,
                  extra_elements: Optional[Callable[[int], float]] = None,
                  position_target: Optional[Callable[[object], torch.Tensor]] = None):
@@ -57,16 +60,15 @@ class HopGates:
         self.log_emission = log_emission
         self.dense_chain = dense_chain
         self.n_hops = n_hops
-        self.scores = scores
+        self.score_tables: Optional[ScoreTables] = as_score_tables(scores)
         self.position_emission = position_emission
         self.extra_elements = extra_elements
         self.position_target = position_target
-        self._transition_weights = None
 
     def replace(self, **changes) -> "HopGates":
         """A copy with some fields changed."""
         fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
-                  "scores": self.scores, "position_emission": self.position_emission,
+                  "scores": self.score_tables, "position_emission": self.position_emission,
                   "extra_elements": self.extra_elements, "position_target": self.position_target}
         fields.update(changes)
         return HopGates(**fields)
@@ -86,42 +88,42 @@ class HopGates:
         return self.position_emission(chunk).gather(-1, index).squeeze(-1)
 
     @property
-    def transition_weights(self) -> torch.Tensor:
-        """``(L - 1, S, S)``: ``exp(scores[l] - max_k scores[l, :, k])`` for the hops after the first (row
-        maximum 1), computed once per :class:`HopGates` and shared by every chunk."""
-        if self._transition_weights is None:
-            later = self.scores[1:]
-            # The row shift cancels in every normalised transition, so its gradient is exactly 0: detached.
-            self._transition_weights = (later - later.amax(-1, keepdim=True).detach()).exp()
-        return self._transition_weights
+    def scores(self) -> Optional[torch.Tensor]:
+        return None if self.score_tables is None else self.score_tables.dense()
+
+    @property
+    def transition_weights(self) -> list:
+        """``L - 1`` tables ``(S, S)``: ``exp(scores[l] - max_k scores[l, :, k])`` for the hops after the first (row
+        maximum 1), computed once per :class:`HopGates` and shared by every chunk (each possibly a transposed
+        view)."""
+        return self.score_tables.transition_weights()
 
 
-def first_hop_log_probs(scores: torch.Tensor, obs) -> torch.Tensor:
-    """``(c, N)`` ``log p(z_1 = i)`` from the score table of hop 1 (padding excluded)."""
-    return masked_log_softmax(table_gather(scores[0], obs.query.unsqueeze(-1), obs.keys), obs.mask)
+def first_hop_log_probs(scores, obs) -> torch.Tensor:
+    """``(c, N)`` ``log p(z_1 = i)`` from the score tables (a tensor or :class:`~.score_tables.ScoreTables`) of
+    hop 1 (padding excluded)."""
+    logits = as_score_tables(scores).gather(0, obs.query.unsqueeze(-1), obs.keys)
+    return masked_log_softmax(logits, obs.mask)
 
 
-def chain_from_scores(scores: torch.Tensor, obs) -> HopChain:
-    """The dense log factors of ``obs`` for a gate given by the score tables ``scores`` ``(L, S, S)``.
+def chain_from_scores(scores, obs) -> HopChain:
+    """The dense log factors of ``obs`` for a gate given by the score tables ``scores`` (an ``(L, S, S)`` tensor or
+    :class:`~.score_tables.ScoreTables`).
 
     In formulas (padding positions excluded from every softmax)::
 
         init[c, j]        = log softmax_j scores[0][query_c, key_cj]
         trans[l, c, i, j] = log softmax_j scores[l + 1][value_ci, key_cj]
     """
-    init = first_hop_log_probs(scores, obs)
-    n, N = obs.keys.shape
-    if scores.shape[0] == 1:
-        return HopChain(init, init.new_zeros(0, n, N, N))
-    # Position i's value meets position j's key: one flat index for every hop's table.
-    index = flat_index(obs.values.unsqueeze(-1), obs.keys.unsqueeze(-2), scores.shape[-1])  # (c, N, N)
+    tables = as_score_tables(scores)
+    first, later = tables.chain_logits(obs)
+    init = masked_log_softmax(first, obs.mask)
+    if tables.n_hops == 1:
+        return HopChain(init, later)
     pair_mask = None if obs.mask is None else obs.mask.unsqueeze(-2)
-    later = scores[1:]
-    if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): compute it once
-        trans = masked_log_softmax(flat_gather(later[0], index), pair_mask)
-        return HopChain(init, trans.unsqueeze(0).expand(later.shape[0], n, N, N))
-    trans = torch.stack([masked_log_softmax(flat_gather(table, index), pair_mask) for table in later])
-    return HopChain(init, trans)
+    if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): normalise once
+        return HopChain(init, masked_log_softmax(later[0], pair_mask).unsqueeze(0).expand_as(later))
+    return HopChain(init, masked_log_softmax(later, pair_mask))
 
 
 def choose_route(gates: HopGates, context_len: int, backward: bool = False, max_product: bool = False) -> str:
@@ -129,8 +131,8 @@ def choose_route(gates: HopGates, context_len: int, backward: bool = False, max_
     forward-backward pass (``backward``), or a max-product pass (``max_product``: the MAP and k best paths, whose
     symbol route takes an ``(S, S)`` max a hop against the position route's ``(N, N)``, so it pays while
     ``S <= N``); see :data:`SYMBOL_ROUTE_RATIO`."""
-    if gates.scores is None:
+    if gates.score_tables is None:
         return "positions"
-    S = gates.scores.shape[-1]
+    S = gates.score_tables.num_symbols
     ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1) / (16 if max_product else 1)
     return "symbols" if S * S <= ratio * context_len * context_len else "positions"

@@ -149,7 +149,7 @@ def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = 
     """
     n, N = len(obs), obs.context_len
     route = choose_route(gates, N, backward=True) if route is None else route
-    if route == "symbols" and gates.scores is None:
+    if route == "symbols" and gates.score_tables is None:
         raise ValueError("route 'symbols' needs gate score tables; this gate has position terms")
     device = gates.log_emission.device
     extra = (gates.n_hops - 1) * N * N if pairwise else 0.0

@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from ..gate_ops import flat_gather, flat_index
+from ..gate_ops import flat_gather, flat_index, small_flat_index
 from .budget import rows_within_budget
 from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
 from .log_space import HopChain
@@ -138,6 +138,28 @@ class Transitions:
         return (column_entropy.clamp_min(0) * posterior_next).sum(-1)
 
 
+def _flat_layout(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
+    """``(source, index)`` with ``source.reshape(-1)[index] = table[rows, cols]`` for a ``(R, C)`` table stored
+    either way round (a transposed view is read in its own layout, not copied)."""
+    if table.stride(-1) != 1 and table.stride(-2) == 1:
+        return table.transpose(-1, -2), flat_index(cols, rows, table.shape[-2])
+    return table.contiguous(), flat_index(rows, cols, table.shape[-1])
+
+
+def _pair_weights(table: torch.Tensor, values: torch.Tensor, keys: torch.Tensor, indices: dict) -> torch.Tensor:
+    """``(c, N, N)``: ``table[values[c, i], keys[c, j]]`` for an ``(S, S)`` table stored either way round. A table
+    kept as a transposed view (key, value) is gathered in ``(c, j, i)`` order, so that neighbouring entries read
+    one row of it, and returned as a transposed view; ``indices`` keeps each layout's flat index for the next hop."""
+    S = table.shape[-1]
+    if table.stride(-1) != 1 and table.stride(-2) == 1:
+        if "by_key" not in indices:
+            indices["by_key"] = small_flat_index(keys.unsqueeze(-1), values.unsqueeze(-2), S, S * S)  # (c, N_j, N_i)
+        return flat_gather(table.transpose(0, 1), indices["by_key"]).transpose(-1, -2)
+    if "by_value" not in indices:
+        indices["by_value"] = small_flat_index(values.unsqueeze(-1), keys.unsqueeze(-2), S, S * S)  # (c, N_i, N_j)
+    return flat_gather(table.contiguous(), indices["by_value"])
+
+
 def _inverse(normalisers: torch.Tensor, divide: torch.Tensor) -> torch.Tensor:
     """``1 / R`` where ``divide``, else 1, formed as ``exp(-log R)``: the backward of a division squares ``R``,
     which underflows for ``R < 1e-154`` in float64 (1e-19 in float32), and ``0 * inf`` would turn a zero
@@ -153,20 +175,21 @@ class SymbolTransitions(Transitions):
     :ivar inverse_normalisers: per transition ``(c, S)``, ``1 / R[c, v]`` (1 for values absent from the row).
     """
 
-    def __init__(self, weights, keys, values, real, inverse_normalisers: List[torch.Tensor], ok):
+    def __init__(self, weights: List[torch.Tensor], keys, values, real, inverse_normalisers: List[torch.Tensor], ok,
+                 num_symbols: int):
         self.weights, self.keys, self.values, self.real = weights, keys, values, real
         self.inverse_normalisers, self.ok = inverse_normalisers, ok
-        self.num_symbols = weights.shape[-1]
+        self.num_symbols = num_symbols
 
     @classmethod
     def build(cls, gates: HopGates, chunk) -> "SymbolTransitions":
         weights = gates.transition_weights
-        S = weights.shape[-1]
+        S, dtype = gates.score_tables.num_symbols, gates.score_tables.dtype
         keys, values = chunk.keys, chunk.values
-        real = chunk.full_mask().to(weights.dtype)
+        real = chunk.full_mask().to(dtype)
         key_counts = _by_symbol(keys, real, S)  # real positions carrying each key
         present = _by_symbol(values, real, S) > 0  # value symbols at real positions
-        floor = underflow_floor(weights.dtype)
+        floor = underflow_floor(dtype)
         ok = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
         normalisers = []
         for table in weights:
@@ -175,11 +198,11 @@ class SymbolTransitions(Transitions):
             normalisers.append(normaliser)
         # Absent values are never divided by; failing rows get R = 1 so that every (discarded) value stays finite.
         divide = present & ok.unsqueeze(-1)
-        return cls(weights, keys, values, real, [_inverse(r, divide) for r in normalisers], ok)
+        return cls(weights, keys, values, real, [_inverse(r, divide) for r in normalisers], ok, S)
 
     def select(self, rows: torch.Tensor) -> "SymbolTransitions":
         return SymbolTransitions(self.weights, self.keys[rows], self.values[rows], self.real[rows],
-                                 [r[rows] for r in self.inverse_normalisers], self.ok[rows])
+                                 [r[rows] for r in self.inverse_normalisers], self.ok[rows], self.num_symbols)
 
     def leaving(self, message: torch.Tensor, hop: int) -> torch.Tensor:
         """``(c, S)``: ``sum_{i: value_i = v} message[i] / R[v]``, the mass leaving through value ``v``."""
@@ -213,7 +236,7 @@ class SymbolTransitions(Transitions):
         # scatter-max over the values, then an (S, S) max per row, over the contiguous last dim.
         best_by_value = message.new_zeros(message.shape[0], self.num_symbols)
         best_by_value = best_by_value.scatter_reduce(1, self.values, message, "amax")  # messages >= 0
-        scores = max_times(best_by_value * self.inverse_normalisers[hop], self.weights[hop])  # (c, S_k)
+        scores = max_times(best_by_value * self.inverse_normalisers[hop], self.weights[hop].contiguous())  # (c, S_k)
         return scores.gather(1, self.keys) * self.real
 
     def max_backward(self, message, hop):
@@ -225,9 +248,9 @@ class SymbolTransitions(Transitions):
 
     def submatrix(self, hop, rows, cols):
         values, keys = self.values.gather(1, rows), self.keys.gather(1, cols)
-        flat = values.unsqueeze(-1) * self.num_symbols + keys.unsqueeze(-2)  # (c, M, M')
+        table, flat = _flat_layout(self.weights[hop], values.unsqueeze(-1), keys.unsqueeze(-2))  # (c, M, M')
         inverse = self.inverse_normalisers[hop].gather(1, values)  # (c, M)
-        return self.weights[hop].reshape(-1).take(flat) * inverse.unsqueeze(-1) * self.real.gather(1, cols).unsqueeze(-2)
+        return table.reshape(-1).take(flat) * inverse.unsqueeze(-1) * self.real.gather(1, cols).unsqueeze(-2)
 
     def kmax_forward(self, message, hop, k):
         # P[i, j] depends on j only through key_j: the k best per key symbol, (c, S_k, r N_from), then gathered.
@@ -319,15 +342,15 @@ class PositionTransitions(Transitions):
 
     @classmethod
     def from_scores(cls, gates: HopGates, chunk) -> "PositionTransitions":
-        S = gates.scores.shape[-1]
-        floor = underflow_floor(gates.scores.dtype)
+        S, dtype = gates.score_tables.num_symbols, gates.score_tables.dtype
+        floor = underflow_floor(dtype)
         full = chunk.full_mask()
-        real = None if chunk.mask is None else chunk.mask.to(gates.scores.dtype).unsqueeze(-2)
-        index = flat_index(chunk.values.unsqueeze(-1), chunk.keys.unsqueeze(-2), S)  # (c, N, N)
+        real = None if chunk.mask is None else chunk.mask.to(dtype).unsqueeze(-2)
         ok = torch.ones(len(chunk), dtype=torch.bool, device=full.device)
         weights, normalisers = [], []
+        indices = {}
         for table in gates.transition_weights:
-            weight = flat_gather(table, index)  # (c, N, N): W[i, j] = E[value_i, key_j]
+            weight = _pair_weights(table, chunk.values, chunk.keys, indices)  # (c, N, N): W[i, j] = E[value_i, key_j]
             weight = weight if real is None else weight * real
             normaliser = weight.sum(-1)  # R[c, i]
             ok &= ((normaliser >= floor) | ~full).all(-1)
@@ -375,14 +398,14 @@ def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
     than exponentiating, and differentiating through, the whole ``(L - 1, S, S)`` table.
     """
     if route == "symbols":
-        init = first_hop_log_probs(gates.scores, chunk).exp()
-        return PreparedChunk(chunk, init, SymbolTransitions.build(gates, chunk), None)
-    if gates.scores is not None:
-        S, N = gates.scores.shape[-1], chunk.context_len
+        transitions = SymbolTransitions.build(gates, chunk)  # first: the first hop then reads the whole tables
+        return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
+    if gates.score_tables is not None:
+        S, N = gates.score_tables.num_symbols, chunk.context_len
         if gates.n_hops == 1 or len(chunk) * N * N >= S * S:
-            init = first_hop_log_probs(gates.scores, chunk).exp()
-            return PreparedChunk(chunk, init, PositionTransitions.from_scores(gates, chunk), None)
-        chain = chain_from_scores(gates.scores, chunk)
+            transitions = PositionTransitions.from_scores(gates, chunk)
+            return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
+        chain = chain_from_scores(gates.score_tables, chunk)
     else:
         chain = gates.dense_chain(chunk)
     transitions = PositionTransitions.from_chain(chain, chunk, gates.num_symbols)

@@ -142,11 +142,15 @@ class HopAttentionHead(PyroModule):
         """``(S, T)`` log emission table (row log-softmax of ``emission_logits``)."""
         return self.emission_logits.log_softmax(-1)
 
+    def score_tables(self) -> Optional[engine.ScoreTables]:
+        """:meth:`gate_score_tables` as the engine reads them (lazily; by default the whole table, wrapped)."""
+        return engine.as_score_tables(self.gate_score_tables())
+
     def hop_gates(self) -> engine.HopGates:
         """The gate and emission as the inference engine (:mod:`pyro_multihop.engine`) takes them."""
-        scores = self.gate_score_tables()
-        dense_chain = self.hop_chain if scores is None else functools.partial(engine.chain_from_scores, scores)
-        return engine.HopGates(self.log_emission, dense_chain, self.n_hops, scores)
+        tables = self.score_tables()
+        dense_chain = self.hop_chain if tables is None else functools.partial(engine.chain_from_scores, tables)
+        return engine.HopGates(self.log_emission, dense_chain, self.n_hops, tables)
 
     def config(self) -> dict:  # pragma: no cover - abstract
         """JSON-serialisable constructor arguments that rebuild this head (parameters come from its state_dict)."""

@@ -37,6 +37,7 @@ import torch
 from pyro.infer import config_enumerate
 from pyro.nn import pyro_method
 
+from .. import engine
 from ..data import Observations
 from ..distributions import CollapsedHopChain
 from ..gate_ops import log_normalize, table_gather
@@ -249,6 +250,14 @@ class ChainedAttention(HopAttentionHead):
         if self.max_distance is not None:
             return None
         return _GateScoreTables.apply(self.key_tables, self.sigma2)
+
+    def score_tables(self) -> Optional[engine.ScoreTables]:
+        """The engine's lazy view of :meth:`gate_score_tables` (:class:`~pyro_multihop.engine.KeyTableScores`): a
+        query gathers the logits of its own (query, key) pairs from the key tables, and forms the whole
+        ``(L, S, S)`` table only where it reads it all; None with ``max_distance``."""
+        if self.max_distance is not None:
+            return None
+        return engine.KeyTableScores(self.key_tables, self.sigma2)
 
     def _position_logits(self, age_slopes, offset_slopes, direction_logits, values, mask):
         """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age, offset and direction terms."""

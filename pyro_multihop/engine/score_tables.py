@@ -1,0 +1,289 @@
+"""The gate logits of a head whose gate depends on the (query symbol, key symbol) pair alone, formed only as far
+as a query reads them.
+
+``scores[l, q, k]`` ``(L, S, S)`` is the unnormalised logit of hop ``l + 1`` when its query symbol ``q`` meets key
+symbol ``k``. The engine reads it three ways: gathered at a chunk's ``(query, key)`` pairs (the first hop, the
+dense chain of a small chunk), exponentiated whole as the transition weights of the later hops (the symbol route,
+the position route of a large chunk), and, rarely, whole (batched gates, a user's own code). With ``S`` in the
+thousands and a batch of ``n N^2 << S^2`` pairs, forming the whole table is most of the work of a query, and of
+its backward; :class:`KeyTableScores` gathers straight from the chained head's key tables instead.
+
+- :class:`DenseScoreTables`: a given ``(*batch, L, S, S)`` tensor (the tied head's table, batched gates).
+- :class:`KeyTableScores`: ``scores[l, q, k] = (K[l, k, q] - ||K[l, k]||^2 / 2) / sigma2`` from the key tables
+  ``K (L, S, S)`` of :class:`~pyro_multihop.models.ChainedAttention`: a gather is ``O(1)`` an entry after one
+  ``(L, S)`` pass for the norms, the transition weights are formed in the key tables' own (key, query) layout
+  by one autograd function with a fused backward, and the whole table only on request.
+
+Shapes: ``L`` hops, ``S`` symbols; ``hop`` is 0-based.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ..gate_ops import flat_gather, flat_index, small_flat_index, table_gather
+
+__all__ = ["ScoreTables", "DenseScoreTables", "KeyTableScores", "as_score_tables"]
+
+
+class ScoreTables:
+    """The protocol: ``(L, S, S)`` gate logits, read lazily.
+
+    :ivar n_hops: ``L``. :ivar num_symbols: ``S``. :ivar batch_shape: leading batch dims of a batched table
+        (empty for one head's tables).
+    """
+
+    n_hops: int
+    num_symbols: int
+    batch_shape: torch.Size = torch.Size()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def dense(self) -> torch.Tensor:
+        """``(*batch, L, S, S)``: the whole table, formed on the first call and kept."""
+        raise NotImplementedError
+
+    def gather(self, hop: int, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``scores[hop, query, keys]`` (``query`` and ``keys`` LongTensors, broadcast), differentiable."""
+        raise NotImplementedError
+
+    def later_pair_logits(self, values: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``(L - 1, c, N, N)``: ``scores[l + 1, values[c, i], keys[c, j]]``, the unnormalised logits of every hop
+        after the first from position ``i`` to ``j``; a view with stride 0 on the first dim when every hop shares
+        one table (then callers normalise it once)."""
+        raise NotImplementedError
+
+    def chain_logits(self, obs):
+        """``(init (c, N), later (L - 1, c, N, N))``: the unnormalised logits of the first hop at each position,
+        :meth:`gather` ``(0, query, keys)``, and :meth:`later_pair_logits` (empty when ``L = 1``)."""
+        first = self.gather(0, obs.query.unsqueeze(-1), obs.keys)
+        if self.n_hops == 1:
+            return first, first.new_zeros((0,) + obs.keys.shape + obs.keys.shape[-1:])
+        return first, self.later_pair_logits(obs.values, obs.keys)
+
+    def transition_weights(self) -> List[torch.Tensor]:
+        """``L - 1`` tables ``(S, S)``: ``E[l, q, k] = exp(scores[l + 1, q, k] - max_k' scores[l + 1, q, k'])`` (row maximum
+        1), one a hop after the first, formed on the first call and kept; each possibly a transposed view (read its rows with ``contiguous()``
+        where the layout matters). The row shift cancels in every normalised transition, so no gradient flows
+        through it."""
+        raise NotImplementedError
+
+
+class DenseScoreTables(ScoreTables):
+    """A given table ``scores (*batch, L, S, S)``."""
+
+    def __init__(self, scores: torch.Tensor):
+        self.scores = scores
+        self.n_hops, self.num_symbols = scores.shape[-3], scores.shape[-1]
+        self.batch_shape = scores.shape[:-3]
+        self._transition_weights = None
+
+    @property
+    def dtype(self):
+        return self.scores.dtype
+
+    @property
+    def device(self):
+        return self.scores.device
+
+    def dense(self):
+        return self.scores
+
+    def gather(self, hop, query, keys):
+        return table_gather(self.scores[hop], query, keys)
+
+    def later_pair_logits(self, values, keys):
+        index = flat_index(values.unsqueeze(-1), keys.unsqueeze(-2), self.num_symbols)  # (c, N, N)
+        later = self.scores[1:]
+        if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head)
+            return flat_gather(later[0], index).unsqueeze(0).expand((later.shape[0],) + index.shape)
+        return torch.stack([flat_gather(table, index) for table in later])
+
+    def transition_weights(self):
+        if self._transition_weights is None:
+            later = self.scores[1:]
+            if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): form it once
+                weight = (later[0] - later[0].amax(-1, keepdim=True).detach()).exp()
+                self._transition_weights = [weight] * later.shape[0]
+            else:
+                self._transition_weights = [(table - table.amax(-1, keepdim=True).detach()).exp()
+                                            for table in later.unbind(0)]
+        return self._transition_weights
+
+
+class _KeyTableGather(torch.autograd.Function):
+    """``(K.flatten()[index] - half_norms.flatten()[index // S]) / sigma2`` for flat indices ``(l S + k) S + q``
+    into the key tables ``K (L, S, S)`` (``half_norms (L, S)``, ``||K[l, k]||^2 / 2``, given without gradient).
+    Backward: ``dK[l, k, q] = (G[l, k, q] - K[l, k, q] sum_q' G[l, k, q']) / sigma2`` with ``G`` the scattered
+    gradient: one zero fill, a scatter of the entries, and one pass over the hops the index reaches (the norms'
+    term formed in place rather than as a second full-size gradient that autograd would then add)."""
+
+    @staticmethod
+    def forward(ctx, key_tables, index, half_norms, sigma2):
+        S = key_tables.shape[-1]
+        norm_index = torch.div(index, S, rounding_mode="floor")
+        ctx.save_for_backward(key_tables, index, norm_index)
+        ctx.sigma2 = sigma2
+        picked = key_tables.reshape(-1).index_select(0, index.reshape(-1))
+        norms = half_norms.reshape(-1).index_select(0, norm_index.reshape(-1))
+        return picked.sub_(norms).div_(sigma2).view(index.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        key_tables, index, norm_index = ctx.saved_tensors
+        L, S = key_tables.shape[0], key_tables.shape[-1]
+        scaled = grad.reshape(-1) / ctx.sigma2
+        grad_tables = scaled.new_zeros(key_tables.shape).view(-1).index_add_(0, index.reshape(-1), scaled)
+        grad_tables = grad_tables.view(key_tables.shape)
+        row_sums = scaled.new_zeros(L, S).view(-1).index_add_(0, norm_index.reshape(-1), scaled).view(L, S)
+        for hop in row_sums.ne(0).any(-1).nonzero().flatten().tolist():
+            grad_tables[hop].addcmul_(key_tables[hop], row_sums[hop].unsqueeze(-1), value=-1.0)
+        return grad_tables, None, None, None
+
+
+def _whole_tables(key_tables: torch.Tensor, sigma2: float) -> List[torch.Tensor]:
+    """In the key tables' (key, query) layout: the logits of hop 1, ``(S_k, S_q)``, and the transition weights
+    ``E^T`` of every later hop (exponentiated, shifted so that each query's maximum is 1)."""
+    inverse = 1.0 / sigma2
+    tables = []
+    for hop, table in enumerate(key_tables.unbind(0)):
+        shift = torch.linalg.vector_norm(table, dim=-1, keepdim=True).square_().mul_(-0.5 * inverse)  # (S_k, 1)
+        by_key = torch.addcmul(shift, table, table.new_tensor(inverse))  # (K - ||K||^2 / 2) / sigma2
+        if hop > 0:
+            by_key.sub_(by_key.amax(-2, keepdim=True)).exp_()
+        tables.append(by_key)
+    return tables
+
+
+class _KeyTableWholeTables(torch.autograd.Function):
+    """The whole tables of :class:`KeyTableScores`, one output a hop: the first hop's logits in the key tables'
+    ``(S_k, S_q)`` layout, then each later hop's transition weights ``E (S_q, S_k)`` as a transposed view of the
+    ``(S_k, S_q)`` tensor it is formed in (no transposing copy either way; a product ``m @ E`` sends its gradient
+    back in that layout). Backward: with ``D = grad`` (the first hop) or ``grad * E`` (later hops) in that layout,
+    ``dK[l, k, q] = (D[k, q] - K[l, k, q] sum_q' D[k, q']) / sigma2``: four passes a table, against about a
+    dozen for autograd's chain of elementwise steps and the stacking of per-hop gradients."""
+
+    @staticmethod
+    def forward(ctx, key_tables, sigma2):
+        tables = _whole_tables(key_tables, sigma2)
+        ctx.save_for_backward(key_tables, *tables[1:])
+        ctx.sigma2 = sigma2
+        return (tables[0],) + tuple(table.transpose(0, 1) for table in tables[1:])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        key_tables, *weights = ctx.saved_tensors
+        grad_tables = torch.empty_like(key_tables)
+        for hop, grad in enumerate(grads):
+            out = grad_tables[hop]
+            if grad is None:
+                out.zero_()
+                continue
+            if hop == 0:
+                out.copy_(grad)
+            else:
+                torch.mul(grad.transpose(0, 1), weights[hop - 1], out=out)
+            out.addcmul_(key_tables[hop], out.sum(-1, keepdim=True), value=-1.0).div_(ctx.sigma2)
+        return grad_tables, None
+
+
+class KeyTableScores(ScoreTables):
+    """``scores[l, q, k] = (K[l, k, q] - ||K[l, k]||^2 / 2) / sigma2`` from key tables ``K (L, S, S)`` (row ``K[l, k]``
+    is the key vector of symbol ``k`` at hop ``l + 1``), the logits of
+    :func:`~pyro_multihop.models.chained.onehot_gate_logits` up to a constant a row.
+
+    Until :meth:`transition_weights` is read, a gather reads the key tables and an ``(L, S)`` vector of norms;
+    after it, the first hop's gathers read the first hop's whole logit table, formed with the weights."""
+
+    def __init__(self, key_tables: torch.Tensor, sigma2: float):
+        self.key_tables, self.sigma2 = key_tables, float(sigma2)
+        self.n_hops, self.num_symbols = key_tables.shape[0], key_tables.shape[-1]
+        self._half_norms: Optional[torch.Tensor] = None
+        self._whole: Optional[tuple] = None
+        self._dense: Optional[torch.Tensor] = None
+
+    @property
+    def dtype(self):
+        return self.key_tables.dtype
+
+    @property
+    def device(self):
+        return self.key_tables.device
+
+    def _differentiable(self) -> bool:
+        return self.key_tables.requires_grad and torch.is_grad_enabled()
+
+    def half_norms(self) -> torch.Tensor:
+        """``(L, S)``: ``||K[l, k]||^2 / 2``, formed once, without gradient (the gathers differentiate it)."""
+        if self._half_norms is None:
+            self._half_norms = torch.linalg.vector_norm(self.key_tables.detach(), dim=-1).square_().mul_(0.5)
+        return self._half_norms
+
+    def _gather_flat(self, index: torch.Tensor) -> torch.Tensor:
+        """The logits at flat indices ``(l S + k) S + q`` into the key tables."""
+        if self._differentiable():
+            return _KeyTableGather.apply(self.key_tables, index, self.half_norms(), self.sigma2)
+        return _KeyTableGather.forward(_Untracked(), self.key_tables.detach(), index, self.half_norms(), self.sigma2)
+
+    def chain_logits(self, obs):
+        if self._whole is not None:
+            return super().chain_logits(obs)
+        # One gather for the first hop and the later ones: one zero fill of the tables' size in the backward.
+        S, L = self.num_symbols, self.n_hops
+        first = small_flat_index(obs.keys, obs.query.unsqueeze(-1), S, L * S * S)  # (c, N): K[0, key_j, query]
+        later = self._later_pair_index(obs.values, obs.keys)
+        logits = self._gather_flat(torch.cat([first.reshape(-1), later.reshape(-1)]))
+        return logits[: first.numel()].view(first.shape), logits[first.numel():].view(later.shape)
+
+    def gather(self, hop, query, keys):
+        S, L = self.num_symbols, self.n_hops
+        if hop == 0 and self._whole is not None:
+            return flat_gather(self._whole[0], small_flat_index(keys, query, S, S * S))
+        return self._gather_flat(small_flat_index(keys + hop * S, query, S, L * S * S))
+
+    def _later_pair_index(self, values, keys):
+        """``(L - 1, c, N_i, N_j)`` flat indices of ``K[l + 1, key_j, value_i]``."""
+        S, L = self.num_symbols, self.n_hops
+        pair = small_flat_index(keys.unsqueeze(-2), values.unsqueeze(-1), S, L * S * S)
+        offsets = torch.arange(1, L, device=keys.device, dtype=pair.dtype).mul_(S * S)
+        return pair.unsqueeze(0) + offsets.view(-1, *([1] * pair.dim()))
+
+    def later_pair_logits(self, values, keys):
+        return self._gather_flat(self._later_pair_index(values, keys))
+
+    def transition_weights(self):
+        if self._whole is None:
+            if self._differentiable():
+                self._whole = _KeyTableWholeTables.apply(self.key_tables, self.sigma2)
+            else:
+                tables = _whole_tables(self.key_tables.detach(), self.sigma2)
+                self._whole = (tables[0],) + tuple(table.transpose(0, 1) for table in tables[1:])
+        return list(self._whole[1:])
+
+    def dense(self):
+        if self._dense is None:
+            half_norms = self.key_tables.pow(2).sum(-1, keepdim=True) / 2  # with its gradient (half_norms() has none)
+            self._dense = ((self.key_tables - half_norms) / self.sigma2).transpose(-1, -2).contiguous()
+        return self._dense
+
+
+class _Untracked:
+    """Stands in for autograd's context when a Function's forward runs without autograd."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+
+def as_score_tables(scores) -> Optional[ScoreTables]:
+    """``scores`` as :class:`ScoreTables`: None stays None, a tensor becomes :class:`DenseScoreTables`."""
+    if scores is None or isinstance(scores, ScoreTables):
+        return scores
+    return DenseScoreTables(scores)
