@@ -388,10 +388,37 @@ def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio
     assert torch.allclose(head.path_entropy(obs, given_target=False), entropies(prior), atol=1e-10)
     assert_map_paths_are_most_probable(head.map_paths(obs, given_target=False), prior, rtol)
     posterior = head.posterior(obs)
+    assert_map_paths_are_most_probable(posterior.map_paths, posteriors, rtol)
     assert torch.equal(posterior.map_paths, head.map_paths(obs))
     assert posterior.map_paths is posterior.map_paths  # kept after the first read
     assert torch.allclose(posterior.path_entropy, entropies(posteriors), atol=1e-10)
     assert torch.allclose(posterior.hop_marginals, brute_force(head, obs)["hop_marginals"], atol=1e-10)
+
+
+@pytest.mark.parametrize("budget, prepares", [(None, 0), (2**12, "some"), (1, "all")],
+                         ids=["all-kept", "first-kept", "none-kept"])
+def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares, monkeypatch):
+    """On the symbol route the posterior keeps its first chunks' prepared transitions within the budget and the
+    MAP read reuses them (no second preparation), and recomputes the rest; every path is a most probable one,
+    underflowing rows (sigma2 = 1e-3) included."""
+    from pyro_multihop.engine import paths as engine_paths
+
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", math.inf)
+    head = make_head("chained", 3, seed=120, sigma2=1e-3, scale=2.0)
+    obs = random_obs(n=40, seed=121, masked=True)
+    calls = []
+    prepare = engine_paths.prepare
+    monkeypatch.setattr(engine_paths, "prepare", lambda *args: calls.append(len(args[1])) or prepare(*args))
+    posterior = head.posterior(obs, budget=budget)
+    paths = posterior.map_paths
+    assert_map_paths_are_most_probable(paths, exact_path_posterior(head, obs), 1e-9)
+    prepared_rows = sum(calls)
+    if prepares == 0:
+        assert prepared_rows == 0
+    elif prepares == "all":
+        assert prepared_rows == len(obs)
+    else:
+        assert 0 < prepared_rows < len(obs)
 
 
 @HEADS

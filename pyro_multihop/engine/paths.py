@@ -74,10 +74,14 @@ def _rescaled(step, floor: float):
 
 
 # -- MAP --------------------------------------------------------------------------------------------------------
-def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool) -> torch.Tensor:
-    prepared = prepare(gates, chunk, route)
+def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=None, emission=None) -> torch.Tensor:
+    """The MAP paths of a chunk; ``prepared`` and ``emission`` (``shifted_emission``'s triple) when a
+    forward-backward pass on the same route already formed them."""
+    prepared = prepare(gates, chunk, route) if prepared is None else prepared
     transitions = prepared.transitions
-    emission, _, ok = _emission(gates, chunk, given_target, prepared.init.dtype)
+    if emission is None or not given_target:
+        emission = _emission(gates, chunk, given_target, prepared.init.dtype)
+    emission, _, ok = emission
     floor = underflow_floor(emission.dtype)
     messages, kept = recurse(prepared.init, range(gates.n_hops - 1), _rescaled(transitions.max_forward, floor))
     best, last = (messages[-1] * emission).max(-1)
@@ -340,14 +344,31 @@ class HopPosterior:
 
     def __init__(self, gates: HopGates, obs, budget: Optional[int] = None, pairwise: bool = False):
         self.gates, self.obs, self.budget = gates, obs, budget
+        N = obs.context_len
+        # On the symbol route a chunk's prepared transitions are O(N + L S) a row (no (N, N) tensor): the first
+        # chunks' are kept (within the memory budget), so that the MAP read later skips preparing them again.
+        route = choose_route(gates, N, backward=True)
+        self._route = route if route == "symbols" and choose_route(gates, N, max_product=True) == route else None
+        self._prepared = [] if self._route is not None else None
+        # init, real positions, emission (c, N) each, and 1 / R (c, S) a transition, kept a row
+        row_bytes = (3 * N + (gates.n_hops - 1) * gates.num_symbols + 2) * gates.log_emission.element_size()
         self.log_likelihood, self.hop_marginals, self.pairwise_marginals = posterior_marginals(
-            gates, obs, budget, pairwise=pairwise)
+            gates, obs, budget, pairwise=pairwise, keep=self._prepared, kept_bytes_per_row=row_bytes)
         self._k_best = {}
 
     @functools.cached_property
     def map_paths(self) -> torch.Tensor:
         """``(n, L)`` LongTensor, the most probable hop path (computed on first read)."""
-        return map_paths(self.gates, self.obs, self.budget)
+        if not self._prepared:
+            return map_paths(self.gates, self.obs, self.budget)
+        out = torch.empty(len(self.obs), self.gates.n_hops, dtype=torch.long, device=self.gates.log_emission.device)
+        with torch.no_grad():
+            for part, prepared, emission in self._prepared:
+                out[part] = _map_chunk(self.gates, prepared.obs, self._route, True, prepared, emission)
+        done = self._prepared[-1][0].stop
+        if done < len(self.obs):
+            out[done:] = map_paths(self.gates, self.obs[done:], self.budget)
+        return out
 
     @functools.cached_property
     def path_entropy(self) -> torch.Tensor:

@@ -34,14 +34,20 @@ class ChunkPosterior:
     :ivar totals: per hop ``(c,)``, ``sum_i alpha[l][i] beta[l][i]`` (the normaliser of hop ``l``'s marginal).
     :ivar transitions: the route's :class:`~.transitions.Transitions` (not for ``"log"``).
     :ivar pairwise: ``(L - 1, c, N, N)`` for the ``"log"`` route or when asked for, else None.
+    :ivar prepared, emission, part: the whole chunk's :class:`~.transitions.PreparedChunk`, its
+        :func:`shifted_emission` and its slice of the data (not for ``"log"``).
     """
 
     def __init__(self, rows, obs, log_likelihood, route, alphas=None, betas=None, totals=None,
-                 transitions: Optional[Transitions] = None, pairwise=None, hop_marginals=None):
+                 transitions: Optional[Transitions] = None, pairwise=None, hop_marginals=None,
+                 prepared: Optional[PreparedChunk] = None, emission=None):
         self.rows, self.obs, self.log_likelihood, self.route = rows, obs, log_likelihood, route
         self.alphas, self.betas, self.totals, self.transitions = alphas, betas, totals, transitions
         self.pairwise = pairwise
         self._hop_marginals = hop_marginals
+        # The whole chunk's prepared transitions and shifted emission (all its rows, the log-space ones too), for
+        # a later path query on the same chunk (see HopPosterior); not for "log".
+        self.prepared, self.emission, self.part = prepared, emission, None
 
     @property
     def hop_marginals(self) -> torch.Tensor:
@@ -99,7 +105,8 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
     prepared = prepare(gates, chunk, route)
     alphas = forward_messages(prepared.transitions, prepared.init, L)
     if given_target:
-        emission, shift, ok = shifted_emission(gates, chunk)
+        emission, shift, ok_emission = shifted_emission(gates, chunk)
+        ok = ok_emission
     else:
         emission = chunk.full_mask().to(prepared.init.dtype)
         shift, ok = emission.new_zeros(len(chunk)), torch.ones(len(chunk), dtype=torch.bool, device=emission.device)
@@ -123,7 +130,8 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
         pair = torch.stack([transitions.pairwise(hop, alphas[hop], betas[hop + 1], totals[hop + 1])
                             for hop in range(L - 1)])
     main = ChunkPosterior(slice(None) if good is None else good, chunk if good is None else chunk[good],
-                          totals[-1].log() + keep(shift), route, alphas, betas, totals, transitions, pair)
+                          totals[-1].log() + keep(shift), route, alphas, betas, totals, transitions, pair,
+                          prepared=prepared, emission=(emission, shift, ok_emission) if given_target else None)
     if good is None:
         return main, None
     bad = (~ok).nonzero().squeeze(-1)
@@ -159,7 +167,7 @@ def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = 
             chunk = device_chunk(obs, part, device)
             main, fallback = posterior_chunk(gates, chunk, route, pairwise)
             offset = torch.arange(part.start, part.stop, device=device)
-            main.rows = offset[main.rows]
+            main.rows, main.part = offset[main.rows], part
             yield main
             if fallback is not None:
                 fallback.rows = offset[fallback.rows]

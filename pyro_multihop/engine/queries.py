@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from .budget import device_chunk, row_slices
+from .budget import device_chunk, resolve_budget, row_slices
 from .hop_gates import HopGates, choose_route
 from .log_space import chain_log_likelihood
 from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
@@ -69,9 +71,14 @@ def predict_proba(gates: HopGates, obs, budget=None) -> torch.Tensor:
     return out
 
 
-def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = False):
+def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = False, keep: Optional[list] = None,
+                        kept_bytes_per_row: float = 0.0):
     """``(log_likelihood (n,), hop_marginals (L, n, N), pairwise (L - 1, n, N, N) or None)`` in one
-    forward-backward pass; the pairwise marginals (``O(L n N^2)`` memory) only with ``pairwise=True``."""
+    forward-backward pass; the pairwise marginals (``O(L n N^2)`` memory) only with ``pairwise=True``. With a
+    list ``keep``, each probability-space chunk's ``(part, prepared, emission)`` is appended to it (for path
+    queries that reuse them), the first chunks only, while their rows at ``kept_bytes_per_row`` fit in the
+    memory budget."""
+    kept_rows, limit = 0, resolve_budget(budget)
     L, n, N = gates.n_hops, len(obs), obs.context_len
     log_likelihood_out = gates.log_emission.new_empty(n)
     marginals = gates.log_emission.new_empty(L, n, N)
@@ -79,6 +86,11 @@ def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = Fals
     for part in forward_backward_chunks(gates, obs, budget, pairwise=pairwise and L > 1):
         log_likelihood_out[part.rows] = part.log_likelihood
         marginals[:, part.rows] = part.hop_marginals
+        if keep is not None and part.prepared is not None and kept_rows == (part.part.start or 0):
+            rows = part.part.stop - part.part.start
+            if (kept_rows + rows) * kept_bytes_per_row <= limit:
+                keep.append((part.part, part.prepared, part.emission))
+                kept_rows += rows
         if pairwise and L > 1:
             pairs[:, part.rows] = part.pairwise
     return log_likelihood_out, marginals, pairs

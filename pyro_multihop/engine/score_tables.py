@@ -209,6 +209,7 @@ class KeyTableScores(ScoreTables):
         self._half_norms: Optional[torch.Tensor] = None
         self._whole: Optional[tuple] = None
         self._dense: Optional[torch.Tensor] = None
+        self._by_key_table: Optional[torch.Tensor] = None
 
     @property
     def dtype(self):
@@ -228,7 +229,11 @@ class KeyTableScores(ScoreTables):
         return self._half_norms
 
     def _gather_flat(self, index: torch.Tensor) -> torch.Tensor:
-        """The logits at flat indices ``(l S + k) S + q`` into the key tables."""
+        """The logits at flat indices ``(l S + k) S + q`` into the key tables: from the key tables and the norms
+        while the entries are fewer than the tables', else from the whole logit table (formed once, kept), which
+        costs less per entry."""
+        if index.numel() >= self.key_tables.numel():
+            return flat_gather(self._by_key(), index)
         if self._differentiable():
             return _KeyTableGather.apply(self.key_tables, index, self.half_norms(), self.sigma2)
         return _KeyTableGather.forward(_Untracked(), self.key_tables.detach(), index, self.half_norms(), self.sigma2)
@@ -268,10 +273,16 @@ class KeyTableScores(ScoreTables):
                 self._whole = (tables[0],) + tuple(table.transpose(0, 1) for table in tables[1:])
         return list(self._whole[1:])
 
+    def _by_key(self) -> torch.Tensor:
+        """``(L, S_k, S_q)``: the whole logit table in the key tables' layout, formed once."""
+        if self._by_key_table is None:
+            half_norms = self.key_tables.pow(2).sum(-1, keepdim=True) / 2  # with its gradient (half_norms() has none)
+            self._by_key_table = (self.key_tables - half_norms) / self.sigma2
+        return self._by_key_table
+
     def dense(self):
         if self._dense is None:
-            half_norms = self.key_tables.pow(2).sum(-1, keepdim=True) / 2  # with its gradient (half_norms() has none)
-            self._dense = ((self.key_tables - half_norms) / self.sigma2).transpose(-1, -2).contiguous()
+            self._dense = self._by_key().transpose(-1, -2).contiguous()
         return self._dense
 
 

@@ -63,11 +63,12 @@ def _readings(tables, obs, whole_first):
 
 @pytest.mark.parametrize("hops", [1, 2, 3])
 @pytest.mark.parametrize("whole_first", [False, True], ids=["gathers-first", "whole-first"])
-def test_every_reading_and_its_gradient_equal_the_gate_formula(hops, whole_first):
+@pytest.mark.parametrize("n", [5, 60], ids=["few-pairs", "more-pairs-than-the-tables"])
+def test_every_reading_and_its_gradient_equal_the_gate_formula(hops, whole_first, n):
     """Values and the gradient of a random linear function of each reading, lazy tables against the formula (the
     first hop's gathers read the key tables before the whole tables are formed, and the whole first-hop table
-    after)."""
-    sigma2, obs = 0.4, observations(seed=hops)
+    after; gathers of more entries than the tables hold read the whole logit table)."""
+    sigma2, obs = 0.4, observations(n=n, seed=hops)
     key_tables = random_tables(hops, seed=hops).requires_grad_()
     got = _readings(KeyTableScores(key_tables, sigma2), obs, whole_first)
     want = _readings(formula_scores(key_tables, sigma2), obs, whole_first)
