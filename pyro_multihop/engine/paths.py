@@ -186,30 +186,42 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     emission, _, ok = shifted_emission(gates, chunk)
     floor = underflow_floor(emission.dtype)
     cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
-    pruned, needed = torch.zeros_like(ok), None
+    first_cap = min(cap, 2 * k)  # most rows need about k; those that need more are searched again at cap
+    pruned = torch.zeros_like(ok)
+    searches = []  # (rows of the chunk, their candidates per hop, needs, pruned)
     if L > 1 and k <= N and cap < N:
-        candidates, needed, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, cap, floor)
+        everyone = torch.arange(len(chunk), device=ok.device)
+        searches.append((everyone, *_k_best_candidates(transitions, prepared.init, emission, L, k, first_cap, floor)))
+        pruned = searches[0][3].clone()
+        if first_cap < cap and not pruned.all():
+            rows = (~pruned).nonzero().squeeze(-1)
+            again = _k_best_candidates(transitions.select(rows), prepared.init[rows], emission[rows], L, k, cap, floor)
+            searches.append((rows, *again))
+            pruned[rows[again[2]]] = True
     r = min(k, N**L)
     values = emission.new_zeros(len(chunk), r)
     paths = torch.zeros(len(chunk), r, L, dtype=torch.long, device=emission.device)
     log_scale = torch.zeros_like(emission[:, 0])
-    # The k best paths within the candidates, then their positions; rows that need few candidates apart
-    # (the paths of a group are scored at its largest need).
-    few = pruned if needed is None else pruned & (needed <= FEW_CANDIDATES)
-    for group in (few, pruned & ~few):
-        rows = group.nonzero().squeeze(-1)
-        if not len(rows):
-            continue
-        size = int(needed[rows].max())
-        selected = transitions.select(rows)
-        chosen = [positions[rows, :size] for positions in candidates]
-        sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
-                                  None, selected.ok)
-        search = _k_best_by_enumeration if size**L <= ENUMERATED_PATHS else _k_max_paths
-        found = search(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]), L, k, floor)
-        values[rows], log_scale[rows] = found[0], found[2]
-        paths[rows] = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
-        ok[rows] &= found[3]
+    # The k best paths within the candidates, then their positions, in groups by need (the paths of a group are
+    # scored at its largest need, and their number grows as need^L): exactly k candidates, up to
+    # FEW_CANDIDATES, more.
+    for searched, candidates, needed, fits in searches:
+        exact, few = fits & (needed <= k), fits & (needed <= FEW_CANDIDATES)
+        for group in (exact, few & ~exact, fits & ~few):
+            local = group.nonzero().squeeze(-1)
+            if not len(local):
+                continue
+            rows, size = searched[local], int(needed[local].max())
+            selected = transitions.select(rows)
+            chosen = [positions[local, :size] for positions in candidates]
+            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
+                                      None, selected.ok)
+            search = _k_best_by_enumeration if size**L <= ENUMERATED_PATHS else _k_max_paths
+            found = search(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]), L, k,
+                           floor)
+            values[rows], log_scale[rows] = found[0], found[2]
+            paths[rows] = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
+            ok[rows] &= found[3]
     # The k-max product over every position holds (c, N, k, N) or (c, S, k N): the other rows in slices that fit.
     rows = (~pruned).nonzero().squeeze(-1)
     per = rows_per_chunk(gates, N, "positions", budget, extra=3 * N * max(N, gates.num_symbols) * k)

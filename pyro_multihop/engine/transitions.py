@@ -299,10 +299,11 @@ def max_times(rows: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     c, V = rows.shape
     if c * table.shape[1] < MAX_TIMES_LOOP_ELEMENTS or V == 1:
         return (rows.unsqueeze(-1) * table).amax(-2)
-    out = rows[:, :1] * table[0]
+    columns, table_rows = rows.t().unsqueeze(-1).unbind(0), table.unbind(0)  # views made in one call each
+    out = columns[0] * table_rows[0]
     step = torch.empty_like(out)
-    for v in range(1, V):
-        torch.mul(rows[:, v : v + 1], table[v], out=step)
+    for column, table_row in zip(columns[1:], table_rows[1:]):
+        torch.mul(column, table_row, out=step)
         torch.maximum(out, step, out=out)
     return out
 
