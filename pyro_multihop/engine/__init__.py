@@ -29,7 +29,8 @@ The observations need only ``len()``, ``context_len``, ``obs[slice or LongTensor
 the symbol tables are (``scores``, ``log_emission`` without a ``position_emission``, :func:`value_marginals`).
 
 Modules, one job each: :mod:`.budget` (the memory budget and chunking), :mod:`.hop_gates` (what a head hands
-the engine, the route choice), :mod:`.score_tables` (the gate's symbol tables, read lazily), :mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and
+the engine, the route choice), :mod:`.score_tables` (the gate's symbol tables, read lazily),
+:mod:`.symbol_likelihood` (the symbol route's likelihood gradient in closed form, for many symbols), :mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and
 its two routes), :mod:`.posterior` (forward-backward over chunks), :mod:`.queries` (likelihood, predictive,
 marginals), :mod:`.paths` (MAP, k best, sampling, entropy), :mod:`.log_space` (the log-space recursions on
 dense chunks).

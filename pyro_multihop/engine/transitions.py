@@ -182,8 +182,10 @@ class SymbolTransitions(Transitions):
         self.num_symbols = num_symbols
 
     @classmethod
-    def build(cls, gates: HopGates, chunk) -> "SymbolTransitions":
-        weights = gates.transition_weights
+    def build(cls, gates: HopGates, chunk, weights: Optional[List[torch.Tensor]] = None) -> "SymbolTransitions":
+        """The transitions of ``chunk`` from ``gates.transition_weights`` (or the given ``weights``, the same
+        tables detached, say)."""
+        weights = gates.transition_weights if weights is None else weights
         S, dtype = gates.score_tables.num_symbols, gates.score_tables.dtype
         keys, values = chunk.keys, chunk.values
         real = chunk.full_mask().to(dtype)
