@@ -395,15 +395,16 @@ def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio
     assert torch.allclose(posterior.hop_marginals, brute_force(head, obs)["hop_marginals"], atol=1e-10)
 
 
+@ROUTES
 @pytest.mark.parametrize("budget, prepares", [(None, 0), (2**12, "some"), (1, "all")],
                          ids=["all-kept", "first-kept", "none-kept"])
-def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares, monkeypatch):
-    """On the symbol route the posterior keeps its first chunks' prepared transitions within the budget and the
-    MAP read reuses them (no second preparation), and recomputes the rest; every path is a most probable one,
-    underflowing rows (sigma2 = 1e-3) included."""
+def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares, ratio, monkeypatch):
+    """The posterior keeps its first chunks' prepared transitions within the budget and the MAP read reuses them
+    (no second preparation), and recomputes the rest; every path is a most probable one, underflowing rows
+    (sigma2 = 1e-3) included."""
     from pyro_multihop.engine import paths as engine_paths
 
-    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", math.inf)
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     head = make_head("chained", 3, seed=120, sigma2=1e-3, scale=2.0)
     obs = random_obs(n=40, seed=121, masked=True)
     calls = []

@@ -346,7 +346,9 @@ class HopPosterior:
     """The exact posterior over the hop paths of ``n`` observations under a head.
 
     Built by one forward-backward pass (:func:`~.queries.posterior_marginals`); the path queries run, in
-    chunks under the budget, when first read, and are kept.
+    chunks under the budget, when first read, and are kept. When the max-product takes the pass's route, the pass
+    keeps its first chunks' prepared transitions, up to the memory budget in all, and the MAP read runs on them
+    rather than preparing those chunks again.
 
     :ivar log_likelihood: ``(n,)``, ``log p(target | context, query)``.
     :ivar hop_marginals: ``(L, n, N)``, ``p(z_l = i | observation)``.
@@ -356,14 +358,17 @@ class HopPosterior:
 
     def __init__(self, gates: HopGates, obs, budget: Optional[int] = None, pairwise: bool = False):
         self.gates, self.obs, self.budget = gates, obs, budget
-        N = obs.context_len
-        # On the symbol route a chunk's prepared transitions are O(N + L S) a row (no (N, N) tensor): the first
-        # chunks' are kept (within the memory budget), so that the MAP read later skips preparing them again.
+        N, L = obs.context_len, gates.n_hops
+        # The first chunks' prepared transitions are kept (within the memory budget), so that the MAP read later
+        # skips preparing them again, when the forward-backward and the max-product take the same route.
         route = choose_route(gates, N, backward=True)
-        self._route = route if route == "symbols" and choose_route(gates, N, max_product=True) == route else None
+        self._route = route if choose_route(gates, N, max_product=True) == route else None
         self._prepared = [] if self._route is not None else None
-        # init, real positions, emission (c, N) each, and 1 / R (c, S) a transition, kept a row
-        row_bytes = (3 * N + (gates.n_hops - 1) * gates.num_symbols + 2) * gates.log_emission.element_size()
+        if route == "symbols":  # init, real positions, emission (c, N) each, and 1 / R (c, S) a transition
+            row_elements = 3 * N + (L - 1) * gates.num_symbols + 2
+        else:  # the (c, N, N) weights a transition (and the dense log factors they may come from), 1 / R, init
+            row_elements = 2 * (L - 1) * N * N + (L + 3) * N + 2
+        row_bytes = row_elements * gates.log_emission.element_size()
         self.log_likelihood, self.hop_marginals, self.pairwise_marginals = posterior_marginals(
             gates, obs, budget, pairwise=pairwise, keep=self._prepared, kept_bytes_per_row=row_bytes)
         self._k_best = {}

@@ -120,33 +120,34 @@ class DenseScoreTables(ScoreTables):
 
 
 class _KeyTableGather(torch.autograd.Function):
-    """``(K.flatten()[index] - half_norms.flatten()[index // S]) / sigma2`` for flat indices ``(l S + k) S + q``
-    into the key tables ``K (L, S, S)`` (``half_norms (L, S)``, ``||K[l, k]||^2 / 2``, given without gradient).
-    Backward: ``dK[l, k, q] = (G[l, k, q] - K[l, k, q] sum_q' G[l, k, q']) / sigma2`` with ``G`` the scattered
-    gradient: one zero fill, a scatter of the entries, and one pass over the hops the index reaches (the norms'
-    term formed in place rather than as a second full-size gradient that autograd would then add)."""
+    """``(K[rows, cols] - half_norms[rows]) / sigma2`` for the key tables viewed as ``(L S, S)`` (row ``l S + k``,
+    column ``q``; ``half_norms (L, S)``, ``||K[l, k]||^2 / 2``, given without gradient). Backward:
+    ``dK[l, k, q] = (G[l, k, q] - K[l, k, q] sum_q' G[l, k, q']) / sigma2`` with ``G`` the scattered gradient: one
+    zero fill, a scatter of the entries, and one pass over the hops the rows reach (the norms' term formed in
+    place rather than as a second full-size gradient that autograd would then add)."""
 
     @staticmethod
-    def forward(ctx, key_tables, index, half_norms, sigma2):
-        S = key_tables.shape[-1]
-        norm_index = torch.div(index, S, rounding_mode="floor")
-        ctx.save_for_backward(key_tables, index, norm_index)
+    def forward(ctx, key_tables, rows, cols, half_norms, sigma2):
+        shape = torch.broadcast_shapes(rows.shape, cols.shape)
+        index = (rows * key_tables.shape[-1] + cols).reshape(-1)
+        rows = rows.expand(shape).reshape(-1)
+        ctx.save_for_backward(key_tables, index, rows)
         ctx.sigma2 = sigma2
-        picked = key_tables.reshape(-1).index_select(0, index.reshape(-1))
-        norms = half_norms.reshape(-1).index_select(0, norm_index.reshape(-1))
-        return picked.sub_(norms).div_(sigma2).view(index.shape)
+        picked = key_tables.reshape(-1).index_select(0, index)
+        norms = half_norms.reshape(-1).index_select(0, rows)
+        return picked.sub_(norms).div_(sigma2).view(shape)
 
     @staticmethod
     def backward(ctx, grad):
-        key_tables, index, norm_index = ctx.saved_tensors
+        key_tables, index, rows = ctx.saved_tensors
         L, S = key_tables.shape[0], key_tables.shape[-1]
         scaled = grad.reshape(-1) / ctx.sigma2
-        grad_tables = scaled.new_zeros(key_tables.shape).view(-1).index_add_(0, index.reshape(-1), scaled)
+        grad_tables = scaled.new_zeros(key_tables.shape).view(-1).index_add_(0, index, scaled)
         grad_tables = grad_tables.view(key_tables.shape)
-        row_sums = scaled.new_zeros(L, S).view(-1).index_add_(0, norm_index.reshape(-1), scaled).view(L, S)
+        row_sums = scaled.new_zeros(L, S).view(-1).index_add_(0, rows, scaled).view(L, S)
         for hop in row_sums.ne(0).any(-1).nonzero().flatten().tolist():
             grad_tables[hop].addcmul_(key_tables[hop], row_sums[hop].unsqueeze(-1), value=-1.0)
-        return grad_tables, None, None, None
+        return grad_tables, None, None, None, None
 
 
 def _whole_tables(key_tables: torch.Tensor, sigma2: float) -> List[torch.Tensor]:
@@ -228,41 +229,52 @@ class KeyTableScores(ScoreTables):
             self._half_norms = torch.linalg.vector_norm(self.key_tables.detach(), dim=-1).square_().mul_(0.5)
         return self._half_norms
 
-    def _gather_flat(self, index: torch.Tensor) -> torch.Tensor:
-        """The logits at flat indices ``(l S + k) S + q`` into the key tables: from the key tables and the norms
-        while the entries are fewer than the tables', else from the whole logit table (formed once, kept), which
-        costs less per entry."""
-        if index.numel() >= self.key_tables.numel():
-            return flat_gather(self._by_key(), index)
+    def _gather_rows(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The logits at ``(rows, cols)`` of the key tables viewed as ``(L S, S)`` (row ``l S + k``, column ``q``,
+        broadcast): from the key tables and the norms while the entries are fewer than the tables', else from
+        the whole logit table (formed once, kept), which costs less per entry."""
+        if max(rows.numel(), cols.numel()) >= self.key_tables.numel():
+            return flat_gather(self._by_key(), rows * self.num_symbols + cols)
         if self._differentiable():
-            return _KeyTableGather.apply(self.key_tables, index, self.half_norms(), self.sigma2)
-        return _KeyTableGather.forward(_Untracked(), self.key_tables.detach(), index, self.half_norms(), self.sigma2)
+            return _KeyTableGather.apply(self.key_tables, rows, cols, self.half_norms(), self.sigma2)
+        return _KeyTableGather.forward(_Untracked(), self.key_tables.detach(), rows, cols, self.half_norms(),
+                                       self.sigma2)
+
+    def _rows(self, hop, keys: torch.Tensor) -> torch.Tensor:
+        """Rows ``hop S + key`` of the ``(L S, S)`` view (``hop`` an int or a tensor broadcasting with ``keys``),
+        int32 while they fit."""
+        return keys.to(self._index_dtype()) + hop * self.num_symbols
+
+    def _index_dtype(self) -> torch.dtype:
+        return torch.int32 if self.key_tables.numel() < 2**31 else torch.int64
 
     def chain_logits(self, obs):
         if self._whole is not None:
             return super().chain_logits(obs)
         # One gather for the first hop and the later ones: one zero fill of the tables' size in the backward.
-        S, L = self.num_symbols, self.n_hops
-        first = small_flat_index(obs.keys, obs.query.unsqueeze(-1), S, L * S * S)  # (c, N): K[0, key_j, query]
-        later = self._later_pair_index(obs.values, obs.keys)
-        logits = self._gather_flat(torch.cat([first.reshape(-1), later.reshape(-1)]))
-        return logits[: first.numel()].view(first.shape), logits[first.numel():].view(later.shape)
+        first_rows, first_cols = self._rows(0, obs.keys), obs.query.unsqueeze(-1).expand_as(obs.keys)
+        later_rows, later_cols = self._later_pairs(obs.values, obs.keys)
+        rows = torch.cat([first_rows.reshape(-1), later_rows.reshape(-1)])
+        cols = torch.cat([first_cols.reshape(-1).to(rows.dtype), later_cols.reshape(-1).to(rows.dtype)])
+        logits = self._gather_rows(rows, cols)
+        count = obs.keys.numel()
+        return logits[:count].view(obs.keys.shape), logits[count:].view(later_rows.shape)
 
     def gather(self, hop, query, keys):
-        S, L = self.num_symbols, self.n_hops
         if hop == 0 and self._whole is not None:
-            return flat_gather(self._whole[0], small_flat_index(keys, query, S, S * S))
-        return self._gather_flat(small_flat_index(keys + hop * S, query, S, L * S * S))
+            return flat_gather(self._whole[0], small_flat_index(keys, query, self.num_symbols, self.num_symbols ** 2))
+        return self._gather_rows(self._rows(hop, keys), query)
 
-    def _later_pair_index(self, values, keys):
-        """``(L - 1, c, N_i, N_j)`` flat indices of ``K[l + 1, key_j, value_i]``."""
-        S, L = self.num_symbols, self.n_hops
-        pair = small_flat_index(keys.unsqueeze(-2), values.unsqueeze(-1), S, L * S * S)
-        offsets = torch.arange(1, L, device=keys.device, dtype=pair.dtype).mul_(S * S)
-        return pair.unsqueeze(0) + offsets.view(-1, *([1] * pair.dim()))
+    def _later_pairs(self, values, keys):
+        """``(rows, cols)``, each ``(L - 1, c, N_i, N_j)``: ``K[l + 1, key_j, value_i]`` for every hop after the first."""
+        hops = torch.arange(1, self.n_hops, device=keys.device, dtype=self._index_dtype())
+        hops = hops.view(-1, *([1] * (keys.dim() + 1)))
+        rows = self._rows(hops, keys.unsqueeze(-2))  # (L - 1, c, 1, N_j)
+        shape = (self.n_hops - 1,) + values.shape + values.shape[-1:]
+        return rows.expand(shape), values.unsqueeze(-1).to(rows.dtype).expand(shape)
 
     def later_pair_logits(self, values, keys):
-        return self._gather_flat(self._later_pair_index(values, keys))
+        return self._gather_rows(*self._later_pairs(values, keys))
 
     def transition_weights(self):
         if self._whole is None:
