@@ -234,7 +234,10 @@ class KeyTableScores(ScoreTables):
         broadcast): from the key tables and the norms while the entries are fewer than the tables', else from
         the whole logit table (formed once, kept), which costs less per entry."""
         if max(rows.numel(), cols.numel()) >= self.key_tables.numel():
-            return flat_gather(self._by_key(), rows * self.num_symbols + cols)
+            if self._differentiable():  # a flat index: its backward is one index_add
+                return flat_gather(self._by_key(), rows * self.num_symbols + cols)
+            # broadcast (int64: int32 indices would be converted at full size), no index materialised
+            return self._by_key().view(-1, self.num_symbols)[rows.long(), cols.long()]
         if self._differentiable():
             return _KeyTableGather.apply(self.key_tables, rows, cols, self.half_norms(), self.sigma2)
         return _KeyTableGather.forward(_Untracked(), self.key_tables.detach(), rows, cols, self.half_norms(),
@@ -251,14 +254,18 @@ class KeyTableScores(ScoreTables):
     def chain_logits(self, obs):
         if self._whole is not None:
             return super().chain_logits(obs)
-        # One gather for the first hop and the later ones: one zero fill of the tables' size in the backward.
-        first_rows, first_cols = self._rows(0, obs.keys), obs.query.unsqueeze(-1).expand_as(obs.keys)
+        first_rows, first_cols = self._rows(0, obs.keys), obs.query.unsqueeze(-1)
         later_rows, later_cols = self._later_pairs(obs.values, obs.keys)
-        rows = torch.cat([first_rows.reshape(-1), later_rows.reshape(-1)])
-        cols = torch.cat([first_cols.reshape(-1).to(rows.dtype), later_cols.reshape(-1).to(rows.dtype)])
+        later_shape = torch.broadcast_shapes(later_rows.shape, later_cols.shape)
+        if obs.keys.numel() + later_shape.numel() >= self.key_tables.numel():  # from the whole table
+            return self._gather_rows(first_rows, first_cols), self._gather_rows(later_rows, later_cols)
+        # One gather for the first hop and the later ones: one zero fill of the tables' size in the backward.
+        rows = torch.cat([first_rows.reshape(-1), later_rows.expand(later_shape).reshape(-1)])
+        cols = torch.cat([first_cols.expand_as(obs.keys).reshape(-1).to(rows.dtype),
+                          later_cols.to(rows.dtype).expand(later_shape).reshape(-1)])
         logits = self._gather_rows(rows, cols)
         count = obs.keys.numel()
-        return logits[:count].view(obs.keys.shape), logits[count:].view(later_rows.shape)
+        return logits[:count].view(obs.keys.shape), logits[count:].view(later_shape)
 
     def gather(self, hop, query, keys):
         if hop == 0 and self._whole is not None:
@@ -266,12 +273,11 @@ class KeyTableScores(ScoreTables):
         return self._gather_rows(self._rows(hop, keys), query)
 
     def _later_pairs(self, values, keys):
-        """``(rows, cols)``, each ``(L - 1, c, N_i, N_j)``: ``K[l + 1, key_j, value_i]`` for every hop after the first."""
+        """``(rows (L - 1, c, 1, N_j), cols (c, N_i, 1))``, broadcasting to ``(L - 1, c, N_i, N_j)``:
+        ``K[l + 1, key_j, value_i]`` for every hop after the first."""
         hops = torch.arange(1, self.n_hops, device=keys.device, dtype=self._index_dtype())
         hops = hops.view(-1, *([1] * (keys.dim() + 1)))
-        rows = self._rows(hops, keys.unsqueeze(-2))  # (L - 1, c, 1, N_j)
-        shape = (self.n_hops - 1,) + values.shape + values.shape[-1:]
-        return rows.expand(shape), values.unsqueeze(-1).to(rows.dtype).expand(shape)
+        return self._rows(hops, keys.unsqueeze(-2)), values.unsqueeze(-1)
 
     def later_pair_logits(self, values, keys):
         return self._gather_rows(*self._later_pairs(values, keys))
