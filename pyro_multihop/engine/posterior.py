@@ -34,8 +34,9 @@ class ChunkPosterior:
     :ivar totals: per hop ``(c,)``, ``sum_i alpha[l][i] beta[l][i]`` (the normaliser of hop ``l``'s marginal).
     :ivar transitions: the route's :class:`~.transitions.Transitions` (not for ``"log"``).
     :ivar pairwise: ``(L - 1, c, N, N)`` for the ``"log"`` route or when asked for, else None.
-    :ivar prepared, emission, part: the whole chunk's :class:`~.transitions.PreparedChunk`, its
-        :func:`shifted_emission` and its slice of the data (not for ``"log"``).
+
+    Not for ``"log"``: ``prepared``, ``emission`` and ``part`` hold the whole chunk's
+    :class:`~.transitions.PreparedChunk`, its :func:`shifted_emission` triple and its slice of the data.
     """
 
     def __init__(self, rows, obs, log_likelihood, route, alphas=None, betas=None, totals=None,
