@@ -128,10 +128,12 @@ SMOKE_HMM_MEMORY = {"n": 200, "N": 8, "S": 6}
 HMM_AGREEMENT = 1e-5  # per row, relative: the two forward passes of one float32 chain
 MEMORY = {"n": 200_000, "N": 100, "S": 50}
 SMOKE_MEMORY = {"n": 300, "N": 8, "S": 6}
-#: Queries that take a max or a sample over paths: always dense chunks in log space, whatever choose_route says.
-LOG_SPACE_QUERIES = ("map_paths", "sample_paths", "path_entropy", "k_best_paths")
 QUERIES = ("log_likelihood", "predict_proba", "hop_marginals", "value_marginals", "e_step", "map_paths",
-           "sample_paths", "path_entropy", "k_best_paths")
+           "sample_paths", "path_entropy", "k_best_paths", "posterior")
+#: The route each query's chunks take (``choose_route``'s flags): max-product, forward-backward, or forward.
+QUERY_ROUTE = {"map_paths": {"max_product": True}, "k_best_paths": {"max_product": True},
+               "path_entropy": {"backward": True}, "hop_marginals": {"backward": True},
+               "value_marginals": {"backward": True}, "e_step": {"backward": True}, "posterior": {"backward": True}}
 SCALING = (
     [("n", 10_000, 100, 50), ("n", 100_000, 100, 50), ("n", 1_000_000, 100, 50)]
     + [("N", 10_000, N, 50) for N in (10, 30, 100, 300, 1000)]
@@ -618,12 +620,20 @@ def _run_query(query: str, head, obs, em):
             return head.sample_paths(obs, 1, seed=SEED)
         if query == "k_best_paths":
             return head.k_best_paths(obs, 3)
+        if query == "posterior":  # the lazy posterior, read for its marginals and MAP paths
+            posterior = head.posterior(obs)
+            posterior.map_paths
+            return posterior
         return getattr(head, query)(obs)
 
 
 def _output_bytes(output) -> int:
     import torch
 
+    from pyro_multihop.engine import HopPosterior
+
+    if isinstance(output, HopPosterior):  # what it answers; what it keeps to answer later counts as working memory
+        return _output_bytes((output.log_likelihood, output.hop_marginals, output.map_paths))
     if isinstance(output, torch.Tensor):
         return output.numel() * output.element_size()
     if isinstance(output, (tuple, list)):
@@ -682,7 +692,7 @@ def measure_queries(queries, n: int, N: int, S: int) -> list:
             "N": N,
             "S": S,
             "status": "ok",
-            "route": "positions, log space" if query in LOG_SPACE_QUERIES else engine.choose_route(head.hop_gates(), N),
+            "route": engine.choose_route(head.hop_gates(), N, **QUERY_ROUTE.get(query, {})),
             "seconds": seconds,
             "rss_after_load_mib": rss_before / 1024,
             "peak_mib": peak / 1024,

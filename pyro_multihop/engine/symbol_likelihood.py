@@ -26,7 +26,7 @@ from typing import List
 import torch
 
 from .recursion import forward_messages
-from .transitions import SymbolTransitions, _by_symbol
+from .transitions import SymbolTransitions
 
 __all__ = ["symbol_route_total"]
 
@@ -53,16 +53,15 @@ class _SymbolRouteTotal(torch.autograd.Function):
         # Rows that failed in probability space are recomputed in log space by the caller, which then discards
         # this total: their gradient here is 0.
         grad = torch.where(transitions.ok, grad_total, torch.zeros_like(grad_total)).unsqueeze(-1)  # (c, 1)
-        S = transitions.num_symbols
-        keys, values, real = transitions.keys, transitions.values, transitions.real
-        key_counts = _by_symbol(keys, real, S)
+        values, real = transitions.values, transitions.real
+        key_counts = transitions.arriving(real)  # real positions carrying each key
         beta = emission.detach() * real  # unscaled: every beta is at most 1 (a shifted emission, stochastic P)
         grad_weights: List[torch.Tensor] = [None] * len(weights)
         for hop in reversed(range(len(weights))):
             table, inverse = weights[hop].detach(), transitions.inverse_normalisers[hop]
-            arriving = _by_symbol(keys, beta * real, S)  # (c, S)
+            arriving = transitions.arriving(beta * real)  # (c, S)
             back = (arriving @ table.transpose(0, 1)) * inverse  # (c, S): at value v
-            out = _by_symbol(values, alphas[hop], S) * inverse * grad  # (c, S)
+            out = transitions.leaving(alphas[hop], hop) * grad  # (c, S)
             # The gradient is unchanged when beta moves by a constant a row (arriving by m key_counts, back by m,
             # P being stochastic); centred on its mean over the real positions, the two terms of each row's
             # difference are smaller, and so is the rounding of their cancelling sum (in float32, about 3x).
