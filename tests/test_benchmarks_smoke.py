@@ -63,7 +63,8 @@ def test_engine_benchmark_smoke(tmp_path):
     assert (speed[["log_likelihood_ms", "predict_proba_ms", "e_step_ms", "collapsed_ms", "enumerated_ms"]] > 0).all().all()
     memory = pd.read_csv(tmp_path / "engine_memory.csv")
     assert list(memory["query"]) == ["log_likelihood", "predict_proba", "hop_marginals", "value_marginals", "e_step",
-                                     "map_paths", "sample_paths", "path_entropy", "k_best_paths"]
+                                     "map_paths", "sample_paths", "path_entropy", "k_best_paths", "posterior"]
+    assert set(memory["route"]) <= {"symbols", "positions"}
     measured = memory[memory["status"] == "ok"]
     assert len(measured) == len(memory)
     assert (measured["seconds"] > 0).all() and (measured["peak_mib"] >= measured["rss_after_load_mib"]).all()
@@ -74,7 +75,7 @@ def test_engine_benchmark_smoke(tmp_path):
     assert "torch-struct" in peer
     hmm = pd.read_csv(tmp_path / "engine_hmm.csv")
     assert list(hmm["N"]) == [6, 4] and (hmm[["build_ms", "hmm_forward_ms", "library_forward_ms", "hmm_loss_ms",
-                                               "library_loss_ms"]] > 0).all().all()
+                                               "library_loss_ms", "parameter_reads_ms"]] > 0).all().all()
     assert (hmm["max_row_rel_difference"] <= 1e-5).all() and (hmm["grad_rel_difference"] <= 1e-3).all()
     hmm_memory = pd.read_csv(tmp_path / "engine_hmm_memory.csv")
     assert list(hmm_memory["implementation"]) == ["DiscreteHMM", "library"] and (hmm_memory["peak_mib"] > 0).all()
