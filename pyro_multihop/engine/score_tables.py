@@ -84,7 +84,7 @@ class DenseScoreTables(ScoreTables):
         self.scores = scores
         self.n_hops, self.num_symbols = scores.shape[-3], scores.shape[-1]
         self.batch_shape = scores.shape[:-3]
-        self._transition_weights = None
+        self._transition_weights = {}
 
     @property
     def dtype(self):
@@ -108,15 +108,16 @@ class DenseScoreTables(ScoreTables):
         return torch.stack([flat_gather(table, index) for table in later])
 
     def transition_weights(self):
-        if self._transition_weights is None:
+        differentiable = self.scores.requires_grad and torch.is_grad_enabled()
+        if differentiable not in self._transition_weights:  # kept apart by grad mode, as KeyTableScores does
             later = self.scores[1:]
             if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): form it once
                 weight = (later[0] - later[0].amax(-1, keepdim=True).detach()).exp()
-                self._transition_weights = [weight] * later.shape[0]
+                weights = [weight] * later.shape[0]
             else:
-                self._transition_weights = [(table - table.amax(-1, keepdim=True).detach()).exp()
-                                            for table in later.unbind(0)]
-        return self._transition_weights
+                weights = [(table - table.amax(-1, keepdim=True).detach()).exp() for table in later.unbind(0)]
+            self._transition_weights[differentiable] = weights
+        return self._transition_weights[differentiable]
 
 
 class _KeyTableGather(torch.autograd.Function):
@@ -208,9 +209,9 @@ class KeyTableScores(ScoreTables):
         self.key_tables, self.sigma2 = key_tables, float(sigma2)
         self.n_hops, self.num_symbols = key_tables.shape[0], key_tables.shape[-1]
         self._half_norms: Optional[torch.Tensor] = None
-        self._whole: Optional[tuple] = None
-        self._dense: Optional[torch.Tensor] = None
-        self._by_key_table: Optional[torch.Tensor] = None
+        # Tables formed with and without autograd are kept apart: one formed under no_grad must not serve a
+        # later differentiable read (its gradient would be silently lost).
+        self._kept = {}
 
     @property
     def dtype(self):
@@ -222,6 +223,10 @@ class KeyTableScores(ScoreTables):
 
     def _differentiable(self) -> bool:
         return self.key_tables.requires_grad and torch.is_grad_enabled()
+
+    @property
+    def _whole(self) -> Optional[tuple]:
+        return self._kept.get(("whole", self._differentiable()))
 
     def half_norms(self) -> torch.Tensor:
         """``(L, S)``: ``||K[l, k]||^2 / 2``, formed once, without gradient (the gathers differentiate it)."""
@@ -285,23 +290,26 @@ class KeyTableScores(ScoreTables):
     def transition_weights(self):
         if self._whole is None:
             if self._differentiable():
-                self._whole = _KeyTableWholeTables.apply(self.key_tables, self.sigma2)
+                whole = _KeyTableWholeTables.apply(self.key_tables, self.sigma2)
             else:
                 tables = _whole_tables(self.key_tables.detach(), self.sigma2)
-                self._whole = (tables[0],) + tuple(table.transpose(0, 1) for table in tables[1:])
+                whole = (tables[0],) + tuple(table.transpose(0, 1) for table in tables[1:])
+            self._kept[("whole", self._differentiable())] = whole
         return list(self._whole[1:])
 
     def _by_key(self) -> torch.Tensor:
         """``(L, S_k, S_q)``: the whole logit table in the key tables' layout, formed once."""
-        if self._by_key_table is None:
+        key = ("by_key", self._differentiable())
+        if key not in self._kept:
             half_norms = self.key_tables.pow(2).sum(-1, keepdim=True) / 2  # with its gradient (half_norms() has none)
-            self._by_key_table = (self.key_tables - half_norms) / self.sigma2
-        return self._by_key_table
+            self._kept[key] = (self.key_tables - half_norms) / self.sigma2
+        return self._kept[key]
 
     def dense(self):
-        if self._dense is None:
-            self._dense = self._by_key().transpose(-1, -2).contiguous()
-        return self._dense
+        key = ("dense", self._differentiable())
+        if key not in self._kept:
+            self._kept[key] = self._by_key().transpose(-1, -2).contiguous()
+        return self._kept[key]
 
 
 class _Untracked:

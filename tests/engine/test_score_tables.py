@@ -149,3 +149,25 @@ def test_the_chained_head_hands_the_engine_lazy_tables():
     assert isinstance(tables, KeyTableScores)
     assert torch.allclose(tables.dense(), head.gate_score_tables(), rtol=1e-12, atol=1e-12)
     assert oracle.random_chained_head(2, S, 4, max_distance=3).hop_gates().score_tables is None
+
+
+def test_tables_formed_without_gradients_do_not_serve_a_differentiable_read():
+    """A head's gates read under no_grad first (an evaluation) and then in a loss: the second read must carry
+    the gradient, not reuse the tables formed without it."""
+    key_tables, obs = random_tables(3, seed=8).requires_grad_(), observations(n=60, seed=8)
+    tables = KeyTableScores(key_tables, 0.3)
+    with torch.no_grad():
+        _readings(tables, obs, whole_first=True)
+    got = _readings(tables, obs, whole_first=True)
+    want = _readings(formula_scores(key_tables, 0.3), obs, whole_first=True)
+    generator = torch.Generator().manual_seed(9)
+    for lazy, formula in zip(got, want):
+        assert lazy.requires_grad
+        weights = torch.randn(lazy.shape, generator=generator, dtype=lazy.dtype)
+        lazy_grad, = torch.autograd.grad((lazy * weights).sum(), key_tables, retain_graph=True)
+        formula_grad, = torch.autograd.grad((formula * weights).sum(), key_tables, retain_graph=True)
+        assert torch.allclose(lazy_grad, formula_grad, rtol=1e-10, atol=1e-10)
+    dense = DenseScoreTables(formula_scores(key_tables, 0.3))
+    with torch.no_grad():
+        dense.transition_weights()
+    assert all(weight.requires_grad for weight in dense.transition_weights())
