@@ -33,19 +33,14 @@ class ScoreTables:
 
     :ivar n_hops: ``L``. :ivar num_symbols: ``S``. :ivar batch_shape: leading batch dims of a batched table
         (empty for one head's tables).
+    :ivar dtype: the tables' dtype. :ivar device: their device.
     """
 
     n_hops: int
     num_symbols: int
     batch_shape: torch.Size = torch.Size()
-
-    @property
-    def dtype(self) -> torch.dtype:
-        raise NotImplementedError
-
-    @property
-    def device(self) -> torch.device:
-        raise NotImplementedError
+    dtype: torch.dtype
+    device: torch.device
 
     def dense(self) -> torch.Tensor:
         """``(*batch, L, S, S)``: the whole table, formed on the first call and kept."""
@@ -83,16 +78,8 @@ class DenseScoreTables(ScoreTables):
     def __init__(self, scores: torch.Tensor):
         self.scores = scores
         self.n_hops, self.num_symbols = scores.shape[-3], scores.shape[-1]
-        self.batch_shape = scores.shape[:-3]
+        self.batch_shape, self.dtype, self.device = scores.shape[:-3], scores.dtype, scores.device
         self._transition_weights = {}
-
-    @property
-    def dtype(self):
-        return self.scores.dtype
-
-    @property
-    def device(self):
-        return self.scores.device
 
     def dense(self):
         return self.scores
@@ -118,6 +105,31 @@ class DenseScoreTables(ScoreTables):
                 weights = [(table - table.amax(-1, keepdim=True).detach()).exp() for table in later.unbind(0)]
             self._transition_weights[differentiable] = weights
         return self._transition_weights[differentiable]
+
+
+class _QueryKeyTables(torch.autograd.Function):
+    """``scores[l, q, k] = (K[l, k, q] - ||K[l, k]||^2 / 2) / sigma2`` ``(L, S, S)``, in (query, key) order and
+    contiguous (:meth:`KeyTableScores.dense`, ``ChainedAttention.gate_score_tables``). Elementwise work runs on the tables' own (key, query)
+    layout and each direction crosses layouts once, by a transposing copy (blocked, unlike an elementwise op
+    that reads a transposed operand); the backward is ``(G[l, m, k] - K[l, k, m] sum_q G[l, q, k]) / sigma2``.
+    With ``S`` in the thousands the tables are most of a small batch's work, and autograd's elementwise chain
+    (square, sum, scale, subtract, divide, copy, each with its backward) passes over them several times more."""
+
+    @staticmethod
+    def forward(ctx, key_tables, sigma2):
+        ctx.save_for_backward(key_tables)
+        ctx.sigma2 = sigma2
+        # the norms as onehot_gate_logits forms them, so that both gates agree bit for bit
+        half_norms = key_tables.pow(2).sum(-1, keepdim=True).mul_(0.5)  # (L, S, 1)
+        by_key = torch.sub(key_tables, half_norms).div_(sigma2)  # (L, key, query)
+        return by_key.transpose(-1, -2).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (key_tables,) = ctx.saved_tensors
+        by_key = grad.transpose(-1, -2).contiguous()  # (L, key, query): G[l, q, k] at [l, k, q]
+        column_sums = by_key.sum(-1, keepdim=True)  # (L, S, 1): sum_q G[l, q, k]
+        return by_key.addcmul_(key_tables, column_sums, value=-1.0).div_(ctx.sigma2), None
 
 
 class _KeyTableGather(torch.autograd.Function):
@@ -208,18 +220,11 @@ class KeyTableScores(ScoreTables):
     def __init__(self, key_tables: torch.Tensor, sigma2: float):
         self.key_tables, self.sigma2 = key_tables, float(sigma2)
         self.n_hops, self.num_symbols = key_tables.shape[0], key_tables.shape[-1]
+        self.dtype, self.device = key_tables.dtype, key_tables.device
         self._half_norms: Optional[torch.Tensor] = None
         # Tables formed with and without autograd are kept apart: one formed under no_grad must not serve a
         # later differentiable read (its gradient would be silently lost).
         self._kept = {}
-
-    @property
-    def dtype(self):
-        return self.key_tables.dtype
-
-    @property
-    def device(self):
-        return self.key_tables.device
 
     def _differentiable(self) -> bool:
         return self.key_tables.requires_grad and torch.is_grad_enabled()
@@ -308,7 +313,7 @@ class KeyTableScores(ScoreTables):
     def dense(self):
         key = ("dense", self._differentiable())
         if key not in self._kept:
-            self._kept[key] = self._by_key().transpose(-1, -2).contiguous()
+            self._kept[key] = _QueryKeyTables.apply(self.key_tables, self.sigma2)
         return self._kept[key]
 
 

@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from ..gate_ops import flat_gather, flat_index, small_flat_index
+from ..gate_ops import flat_gather, small_flat_index
 from .budget import rows_within_budget
 from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
 from .log_space import HopChain
@@ -132,31 +132,24 @@ class Transitions:
                             posterior_next: torch.Tensor) -> torch.Tensor:
         """``(c,)``: ``sum_j posterior_next[j] H(z_{hop+1} | z_{hop+2} = j)`` under the reverse chain
         ``p(z_{hop+1} = i | z_{hop+2} = j) = alpha[i] P[i, j] / alpha_next[j]`` (``alpha`` the prior messages)."""
-        joint = alpha.unsqueeze(-1) * self.matrix(hop)  # (c, N_i, N_j)
+        joint = alpha.unsqueeze(-1) * self.matrix(hop)  # (c, M, M')
         conditional = joint / alpha_next.unsqueeze(-2).clamp_min(torch.finfo(joint.dtype).tiny)
         column_entropy = -torch.xlogy(conditional, conditional).sum(-2)  # (c, N_j)
         return (column_entropy.clamp_min(0) * posterior_next).sum(-1)
 
 
-def _flat_layout(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
-    """``(source, index)`` with ``source.reshape(-1)[index] = table[rows, cols]`` for a ``(R, C)`` table stored
-    either way round (a transposed view is read in its own layout, not copied)."""
-    if table.stride(-1) != 1 and table.stride(-2) == 1:
-        return table.transpose(-1, -2), flat_index(cols, rows, table.shape[-2])
-    return table.contiguous(), flat_index(rows, cols, table.shape[-1])
-
-
 def _pair_weights(table: torch.Tensor, values: torch.Tensor, keys: torch.Tensor, indices: dict) -> torch.Tensor:
-    """``(c, N, N)``: ``table[values[c, i], keys[c, j]]`` for an ``(S, S)`` table stored either way round. A table
-    kept as a transposed view (key, value) is gathered in ``(c, j, i)`` order, so that neighbouring entries read
-    one row of it, and returned as a transposed view; ``indices`` keeps each layout's flat index for the next hop."""
+    """``(c, M, M')``: ``table[values[c, i], keys[c, j]]`` (``values (c, M)``, ``keys (c, M')``) for an ``(S, S)``
+    table stored either way round. A table kept as a transposed view (key, value) is gathered in ``(c, j, i)``
+    order, so that neighbouring entries read one row of it, and returned as a transposed view; ``indices`` keeps
+    each layout's flat index for the next hop."""
     S = table.shape[-1]
     if table.stride(-1) != 1 and table.stride(-2) == 1:
         if "by_key" not in indices:
-            indices["by_key"] = small_flat_index(keys.unsqueeze(-1), values.unsqueeze(-2), S, S * S)  # (c, N_j, N_i)
+            indices["by_key"] = small_flat_index(keys.unsqueeze(-1), values.unsqueeze(-2), S, S * S)  # (c, M', M)
         return flat_gather(table.transpose(0, 1), indices["by_key"]).transpose(-1, -2)
     if "by_value" not in indices:
-        indices["by_value"] = small_flat_index(values.unsqueeze(-1), keys.unsqueeze(-2), S, S * S)  # (c, N_i, N_j)
+        indices["by_value"] = small_flat_index(values.unsqueeze(-1), keys.unsqueeze(-2), S, S * S)  # (c, M, M')
     return flat_gather(table.contiguous(), indices["by_value"])
 
 
@@ -250,9 +243,9 @@ class SymbolTransitions(Transitions):
 
     def submatrix(self, hop, rows, cols):
         values, keys = self.values.gather(1, rows), self.keys.gather(1, cols)
-        table, flat = _flat_layout(self.weights[hop], values.unsqueeze(-1), keys.unsqueeze(-2))  # (c, M, M')
+        weight = _pair_weights(self.weights[hop], values, keys, {})  # (c, M, M'): E[value of row a, key of col b]
         inverse = self.inverse_normalisers[hop].gather(1, values)  # (c, M)
-        return table.reshape(-1).take(flat) * inverse.unsqueeze(-1) * self.real.gather(1, cols).unsqueeze(-2)
+        return weight * inverse.unsqueeze(-1) * self.real.gather(1, cols).unsqueeze(-2)
 
     def kmax_forward(self, message, hop, k):
         # P[i, j] depends on j only through key_j: the k best per key symbol, (c, S_k, r N_from), then gathered.

@@ -79,31 +79,6 @@ def onehot_gate_logits(
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
-class _GateScoreTables(torch.autograd.Function):
-    """``scores[l, q, k] = (K[l, k, q] - ||K[l, k]||^2 / 2) / sigma2`` ``(L, S, S)``, in (query, key) order and
-    contiguous (the engine gathers from the flat table). Elementwise work runs on the tables' own (key, query)
-    layout and each direction crosses layouts once, by a transposing copy (blocked, unlike an elementwise op
-    that reads a transposed operand); the backward is ``(G[l, m, k] - K[l, k, m] sum_q G[l, q, k]) / sigma2``.
-    With ``S`` in the thousands the tables are most of a small batch's work, and autograd's elementwise chain
-    (square, sum, scale, subtract, divide, copy, each with its backward) passes over them several times more."""
-
-    @staticmethod
-    def forward(ctx, key_tables, sigma2):
-        ctx.save_for_backward(key_tables)
-        ctx.sigma2 = sigma2
-        # the norms as onehot_gate_logits forms them, so that both gates agree bit for bit
-        half_norms = key_tables.pow(2).sum(-1, keepdim=True).mul_(0.5)  # (L, S, 1)
-        by_key = torch.sub(key_tables, half_norms).div_(sigma2)  # (L, key, query)
-        return by_key.transpose(-1, -2).contiguous()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (key_tables,) = ctx.saved_tensors
-        by_key = grad.transpose(-1, -2).contiguous()  # (L, key, query): G[l, q, k] at [l, k, q]
-        column_sums = by_key.sum(-1, keepdim=True)  # (L, S, 1): sum_q G[l, q, k]
-        return by_key.addcmul_(key_tables, column_sums, value=-1.0).div_(ctx.sigma2), None
-
-
 def context_ranks(mask: Optional[torch.Tensor], n: int, N: int, device=None):
     """Where each position sits among the real positions of its context.
 
@@ -249,7 +224,7 @@ class ChainedAttention(HopAttentionHead):
         :meth:`hop_chain`'s dense factors)."""
         if self.max_distance is not None:
             return None
-        return _GateScoreTables.apply(self.key_tables, self.sigma2)
+        return engine.KeyTableScores(self.key_tables, self.sigma2).dense()
 
     def score_tables(self) -> Optional[engine.ScoreTables]:
         """The engine's lazy view of :meth:`gate_score_tables` (:class:`~pyro_multihop.engine.KeyTableScores`): a
