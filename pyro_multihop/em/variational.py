@@ -5,6 +5,7 @@ Each iteration ``t`` (``w_t`` the annealed KL weight, ``q(e) = prod Normal(m, ex
     E-step   draw eps^(1..mc) ~ Normal(0, I), e^(k) = m + exp(log_var / 2) * eps^(k)        (S, D) each
              ELBO_t = mean_k sum_obs log p(target | e^(k)) - w_t * KL(q || Normal(0, I))   (hops summed exactly)
              gamma[obs, i] = mean_k p(z_L = i | obs, e^(k))                               last-hop responsibilities
+                                                 (their counts below: the ELBO's gradient in log emission)
              LL_t = sum_obs log p(target | plug-in table at m, exp(log_var / 2))         the head's plug-in rule
     M-step   (m, log_var) <- Adam step along grad ELBO_t (reparameterised, analytic KL)
              emission[v, t] <- (sum_{obs, i: value_i = v, target = t} gamma[obs, i] + alpha)
@@ -192,10 +193,10 @@ class TiedEmbeddingVEM:
         iteration = 0
         for iteration in range(1, max_iters + 1):
             weight = schedule(iteration - 1)
-            elbo, responsibilities = self._e_step(obs, means, log_vars, emission, weight, generator)
+            elbo, log_emission = self._e_step(obs, means, log_vars, emission, weight, generator)
             optimizer.zero_grad()
             (-elbo).backward()
-            counts = self._counts(obs, responsibilities)
+            counts = -log_emission.grad  # the responsibility-weighted counts (see _e_step)
             totals = torch.stack([elbo.detach(), self._plug_in_log_likelihood(obs, means, log_vars, emission)])
             distributed.all_reduce_([means.grad, log_vars.grad, counts, totals])  # no-op in one process
             optimizer.step()
@@ -251,32 +252,32 @@ class TiedEmbeddingVEM:
         return self._smooth(distributed.all_reduce_([counts])[0])
 
     def _e_step(self, obs, means, log_vars, emission, weight, generator):
-        """Annealed ELBO estimate (differentiable in ``means``, ``log_vars``) and ``(n, N)`` mean last-hop
-        posterior responsibilities over the draws."""
+        """``(annealed ELBO estimate, log emission (S, T))``, the ELBO differentiable in ``means``, ``log_vars`` and
+        the log emission.
+
+        The ELBO's gradient in the log emission is the M-step's counts: ``d log p(t_n) / d log E[v, t]`` is the
+        posterior probability that row ``n``'s last hop lands on a position of value ``v``, where ``t = t_n``, so
+        summed over rows and averaged over the draws it is the ``(S, T)`` table of responsibility-weighted
+        counts of ``(value at the last hop, target)``: read from the backward pass the loss makes anyway, not
+        from a second forward-backward pass per draw.
+        """
         noise = torch.randn((self.mc,) + tuple(means.shape), generator=generator, dtype=means.dtype)
         draws = means + (0.5 * log_vars).exp() * noise
-        log_emission = emission.log()
+        log_emission = emission.log().requires_grad_()
         log_likelihood = 0.0
-        responsibilities = torch.zeros(obs.keys.shape, dtype=means.dtype)
         for embeddings in draws:
             gates = embedding_hop_gates(embeddings, log_emission, self.sigma2, self.n_hops)
             log_likelihood = log_likelihood + engine.log_likelihood(gates, obs).sum()
-            with torch.no_grad():
-                responsibilities += engine.hop_marginals(embedding_hop_gates(embeddings.detach(), log_emission, self.sigma2, self.n_hops), obs)[-1]
         kl = 0.5 * (means.pow(2) + log_vars.exp() - 1.0 - log_vars).sum()
         if distributed.rank() != 0:
             kl = kl * 0.0  # summed over ranks, the KL term counts once (rank 0's)
-        return log_likelihood / self.mc - weight * kl, responsibilities / self.mc
+        return log_likelihood / self.mc - weight * kl, log_emission
 
     @torch.no_grad()
     def _plug_in_log_likelihood(self, obs, means, log_vars, emission) -> torch.Tensor:
         """Summed plug-in ``log p(target | context, query)`` of ``obs`` at the current posterior (a 0-dim tensor)."""
         gates = plug_in_hop_gates(means, (0.5 * log_vars).exp(), emission.log(), self.sigma2, self.n_hops, self.plug_in)
         return engine.log_likelihood(gates, obs).sum().to(means.dtype)
-
-    def _m_step(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
-        """Closed-form emission: smoothed counts of ``(value at the last hop, target)``."""
-        return self._smooth(self._counts(obs, responsibilities))
 
     def _counts(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
         """``(S, T)`` responsibility-weighted counts of ``(value at the last hop, target)``."""
