@@ -270,14 +270,17 @@ def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch
     return draw_by_inverse_cdf((logits - logits.amax(-1, keepdim=True)).exp(), num_draws, generator)
 
 
-def draw_by_inverse_cdf(weights: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+def draw_by_inverse_cdf(weights: torch.Tensor, num_draws: int, generator: Optional[torch.Generator],
+                        in_place: bool = False) -> torch.Tensor:
     """``num_draws`` independent draws ``(..., num_draws)`` from each row of non-negative ``weights (..., N)``,
     by inverse CDF (several times faster than ``torch.multinomial`` on many short rows).
 
     ``u`` is uniform below the row total, and the first position whose cumulative weight exceeds ``u``
     has a positive weight, so a position of probability zero is never drawn (a row of zeros gives ``N - 1``).
+    With ``in_place``, ``weights`` is overwritten by its running sums (the CDF, whose last entry is the total),
+    and no buffer of its size is allocated.
     """
-    cdf = weights.cumsum(-1)
+    cdf = weights.cumsum_(-1) if in_place else weights.cumsum(-1)
     total = cdf[..., -1:]
     uniform = torch.rand(cdf.shape[:-1] + (num_draws,), generator=generator, dtype=cdf.dtype, device=cdf.device)
     # rand < 1 keeps rand * total below the total under round-to-nearest; the bound guards it anyway.

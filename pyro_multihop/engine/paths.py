@@ -156,10 +156,39 @@ ENUMERATED_PATHS = 4096
 FEW_CANDIDATES = 8
 
 
+def _kth_largest(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``(c,)``: the ``k``-th largest entry of each row of ``scores (c, N)``, ties counted (``N >= k``). For small
+    ``k``, ``k - 1`` row maxima taken out one at a time: a few passes over ``(c, N)``, where a top-k sorts each
+    row (1 ms at ``c = 1000``, ``N = 100``, against 0.3 ms)."""
+    if k > 8:
+        return scores.topk(k, dim=-1).values[:, -1]
+    scores = scores.clone()
+    for _ in range(k - 1):
+        scores.scatter_(-1, scores.argmax(-1, keepdim=True), -math.inf)
+    return scores.amax(-1)
+
+
+def _first_where(mask: torch.Tensor, size: int):
+    """``(positions (c, size), filled (c, size))``: the first ``size`` positions where ``mask (c, N)`` holds, in
+    index order; slots past a row's last such position hold position 0 and ``filled`` False."""
+    c = mask.shape[0]
+    rows, positions = mask.nonzero(as_tuple=True)  # row by row, in index order
+    counts = mask.sum(-1)
+    slots = torch.arange(len(rows), device=mask.device) - (counts.cumsum(0) - counts)[rows]
+    kept = slots < size
+    rows, slots = rows[kept], slots[kept]
+    chosen = torch.zeros(c, size, dtype=torch.long, device=mask.device)
+    filled = torch.zeros(c, size, dtype=torch.bool, device=mask.device)
+    chosen[rows, slots] = positions[kept]
+    filled[rows, slots] = True
+    return chosen, filled
+
+
 def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: int, floor: float):
-    """Per hop ``(c, size)`` positions, best first, through which every one of the ``k`` best paths passes;
-    ``(c,)`` how many of them each row needs (at least ``k``; ``size <= cap`` is the most any pruned row
-    needs); ``(c,)`` whether the row is pruned (they hold all of its ``k`` best paths).
+    """Per hop ``(positions (c, size), filled (c, size))`` (:func:`_first_where`): the positions through which
+    every one of the ``k`` best paths passes, in index order; ``(c,)`` how many of them each row needs (at least
+    ``k``; ``size`` is the most any pruned row needs, at most ``cap``); ``(c,)`` whether the row is pruned (its
+    positions hold all of its ``k`` best paths).
 
     The best path through position ``i`` at hop ``l`` (its max-marginal, forward times backward max-product
     messages, relative to the best path) bounds every path through it, and at any hop the ``k``-th largest
@@ -168,15 +197,15 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
     some hop is not pruned."""
     forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
     backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
-    relative = [f * b for f, b in zip(forward, backward[::-1])]
-    relative = [r / r.amax(-1, keepdim=True).clamp_min(floor) for r in relative]
-    ranked = [r.topk(cap + 1, dim=-1) for r in relative]  # best first
+    max_marginals = [f * b for f, b in zip(forward, backward[::-1])]
+    best = [m.amax(-1).clamp_min(floor) for m in max_marginals]  # the best path's score, in each hop's scale
     # The slack covers the rounding of the max-marginals (a few eps each).
-    threshold = torch.stack([values[:, k - 1] for values, _ in ranked]).amax(0) * (1 - 1e-4)
-    counts = torch.stack([(values >= threshold.unsqueeze(-1)).sum(-1) for values, _ in ranked]).amax(0)  # (c,)
+    threshold = torch.stack([_kth_largest(m, k) / b for m, b in zip(max_marginals, best)]).amax(0) * (1 - 1e-4)
+    above = [m >= (threshold * b).unsqueeze(-1) for m, b in zip(max_marginals, best)]
+    counts = torch.stack([a.sum(-1) for a in above]).amax(0)  # (c,)
     fits = (threshold >= floor) & (counts <= cap)
     size = int(counts[fits].max()) if fits.any() else k
-    return [positions[:, :size] for _, positions in ranked], counts.clamp_min(k), fits
+    return [_first_where(a, size) for a in above], counts.clamp_min(k), fits
 
 
 def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
@@ -186,18 +215,10 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     emission, _, ok = shifted_emission(gates, chunk)
     floor = underflow_floor(emission.dtype)
     cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
-    first_cap = min(cap, 2 * k)  # most rows need about k; those that need more are searched again at cap
     pruned = torch.zeros_like(ok)
-    searches = []  # (rows of the chunk, their candidates per hop, needs, pruned)
+    candidates = None
     if L > 1 and k <= N and cap < N:
-        everyone = torch.arange(len(chunk), device=ok.device)
-        searches.append((everyone, *_k_best_candidates(transitions, prepared.init, emission, L, k, first_cap, floor)))
-        pruned = searches[0][3].clone()
-        if first_cap < cap and not pruned.all():
-            rows = (~pruned).nonzero().squeeze(-1)
-            again = _k_best_candidates(transitions.select(rows), prepared.init[rows], emission[rows], L, k, cap, floor)
-            searches.append((rows, *again))
-            pruned[rows[again[2]]] = True
+        candidates, needed, pruned = _k_best_candidates(transitions, prepared.init, emission, L, k, cap, floor)
     r = min(k, N**L)
     values = emission.new_zeros(len(chunk), r)
     paths = torch.zeros(len(chunk), r, L, dtype=torch.long, device=emission.device)
@@ -205,20 +226,22 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     # The k best paths within the candidates, then their positions, in groups by need (the paths of a group are
     # scored at its largest need, and their number grows as need^L): exactly k candidates, up to
     # FEW_CANDIDATES, more.
-    for searched, candidates, needed, fits in searches:
-        exact, few = fits & (needed <= k), fits & (needed <= FEW_CANDIDATES)
-        for group in (exact, few & ~exact, fits & ~few):
-            local = group.nonzero().squeeze(-1)
-            if not len(local):
+    if candidates is not None:
+        exact, few = pruned & (needed <= k), pruned & (needed <= FEW_CANDIDATES)
+        for group in (exact, few & ~exact, pruned & ~few):
+            rows = group.nonzero().squeeze(-1)
+            if not len(rows):
                 continue
-            rows, size = searched[local], int(needed[local].max())
+            size = int(needed[rows].max())
             selected = transitions.select(rows)
-            chosen = [positions[local, :size] for positions in candidates]
-            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) for hop in range(L - 1)],
-                                      None, selected.ok)
+            chosen = [positions[rows, :size] for positions, _ in candidates]
+            # Empty slots (past a row's own candidates) are made unreachable: no start, no transition into them.
+            filled = [slot_filled[rows, :size].to(emission.dtype) for _, slot_filled in candidates]
+            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) * filled[hop + 1].unsqueeze(-2)
+                                       for hop in range(L - 1)], None, selected.ok)
             search = _k_best_by_enumeration if size**L <= ENUMERATED_PATHS else _k_max_paths
-            found = search(sub, prepared.init[rows].gather(1, chosen[0]), emission[rows].gather(1, chosen[-1]), L, k,
-                           floor)
+            found = search(sub, prepared.init[rows].gather(1, chosen[0]) * filled[0],
+                           emission[rows].gather(1, chosen[-1]), L, k, floor)
             values[rows], log_scale[rows] = found[0], found[2]
             paths[rows] = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
             ok[rows] &= found[3]
@@ -289,10 +312,11 @@ def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generato
     ok = ok & transitions.ok & (last.sum(-1) >= floor)
     position = draw_by_inverse_cdf(last, num_samples, generator)  # (c, s)
     path = [position]
+    weights = None  # one (c, s, N) buffer for every hop: fresh buffers of that size cost page faults
     for hop in reversed(range(L - 1)):
-        weights = transitions.reverse_weights(hop, alphas[hop], position)  # (c, s, N)
-        ok &= (weights.sum(-1) >= floor).all(-1)
-        position = draw_by_inverse_cdf(weights, 1, generator).squeeze(-1)
+        weights = transitions.reverse_weights(hop, alphas[hop], position, out=weights)  # (c, s, N)
+        position = draw_by_inverse_cdf(weights, 1, generator, in_place=True).squeeze(-1)
+        ok &= (weights[..., -1] >= floor).all(-1)  # the row totals, the CDF's last entries
         path.insert(0, position)
     paths = torch.stack(path, dim=-1).transpose(0, 1)  # (s, c, L)
     if not ok.all():

@@ -117,16 +117,19 @@ class Transitions:
         best, pointer = scores.topk(min(k, scores.shape[-1]), dim=-1)
         return best.transpose(-1, -2), pointer.transpose(-1, -2)
 
-    def columns(self, hop: int, positions: torch.Tensor) -> torch.Tensor:
-        """``(c, s, N)``: ``out[c, d, i] = P[c, i, positions[c, d]]``, one column per draw ``d``."""
+    def columns(self, hop: int, positions: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``(c, s, N)``: ``out[c, d, i] = P[c, i, positions[c, d]]``, one column per draw ``d`` (written into
+        ``out`` when given)."""
         c, s = positions.shape
         matrix = self.matrix(hop)
-        return matrix.transpose(-1, -2).gather(-2, positions.unsqueeze(-1).expand(c, s, matrix.shape[-1]))
+        index = positions.unsqueeze(-1).expand(c, s, matrix.shape[-1])
+        return torch.gather(matrix.transpose(-1, -2), -2, index, out=out)
 
-    def reverse_weights(self, hop: int, alpha: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def reverse_weights(self, hop: int, alpha: torch.Tensor, positions: torch.Tensor,
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``(c, s, N)``: ``alpha[i] P[i, positions[d]]``, the unnormalised reverse-chain weights of ``z_{hop+1}``
-        given ``z_{hop+2} = positions[d]`` (for sampling and decoding)."""
-        return alpha.unsqueeze(-2) * self.columns(hop, positions)
+        given ``z_{hop+2} = positions[d]`` (for sampling and decoding; written into ``out`` when given)."""
+        return self.columns(hop, positions, out=out).mul_(alpha.unsqueeze(-2))
 
     def conditional_entropy(self, hop: int, alpha: torch.Tensor, alpha_next: torch.Tensor,
                             posterior_next: torch.Tensor) -> torch.Tensor:
@@ -258,16 +261,17 @@ class SymbolTransitions(Transitions):
         best = best.gather(1, index) * self.real.unsqueeze(-1)
         return best.transpose(-1, -2), pointer.gather(1, index).transpose(-1, -2)
 
-    def columns(self, hop, positions):
-        return self.reverse_weights(hop, self.real, positions)
+    def columns(self, hop, positions, out=None):
+        return self.reverse_weights(hop, self.real, positions, out=out)
 
-    def reverse_weights(self, hop, alpha, positions):
+    def reverse_weights(self, hop, alpha, positions, out=None):
         keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
-        columns = self.weights[hop].transpose(0, 1)[keys]  # (c, s, S): E[:, key] of each draw
         c, s, N = len(keys), keys.shape[1], self.values.shape[1]
-        arriving = columns.gather(-1, self.values.unsqueeze(1).expand(c, s, N))  # (c, s, N): E[v_i, key]
+        by_key = self.weights[hop].transpose(0, 1).contiguous()  # (S_k, S_v)
+        columns = by_key.index_select(0, keys.flatten()).view(c, s, -1)  # (c, s, S): E[:, key] of each draw
+        arriving = torch.gather(columns, -1, self.values.unsqueeze(1).expand(c, s, N), out=out)  # E[v_i, key]
         leaving = alpha * self.inverse_normalisers[hop].gather(1, self.values) * self.real  # alpha[i] / R[v_i]
-        return arriving * leaving.unsqueeze(-2)
+        return arriving.mul_(leaving.unsqueeze(-2))
 
     def conditional_entropy(self, hop, alpha, alpha_next, posterior_next):
         # The reverse conditional p(z = i | z' = j) = a_i E[v_i, k_j] / A_{k_j}, a_i = alpha[i] / R[v_i], depends
