@@ -159,7 +159,7 @@ FEW_CANDIDATES = 8
 def _kth_largest(scores: torch.Tensor, k: int) -> torch.Tensor:
     """``(c,)``: the ``k``-th largest entry of each row of ``scores (c, N)``, ties counted (``N >= k``). For small
     ``k``, ``k - 1`` row maxima taken out one at a time: a few passes over ``(c, N)``, where a top-k sorts each
-    row (1 ms at ``c = 1000``, ``N = 100``, against 0.3 ms)."""
+    row (0.6 ms at ``c = 1000``, ``N = 100``, ``k = 5``, against 1.1 ms for ``topk``)."""
     if k > 8:
         return scores.topk(k, dim=-1).values[:, -1]
     scores = scores.clone()
@@ -237,8 +237,9 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
             chosen = [positions[rows, :size] for positions, _ in candidates]
             # Empty slots (past a row's own candidates) are made unreachable: no start, no transition into them.
             filled = [slot_filled[rows, :size].to(emission.dtype) for _, slot_filled in candidates]
-            sub = PositionTransitions([selected.submatrix(hop, chosen[hop], chosen[hop + 1]) * filled[hop + 1].unsqueeze(-2)
-                                       for hop in range(L - 1)], None, selected.ok)
+            weights = [selected.submatrix(hop, chosen[hop], chosen[hop + 1]) * filled[hop + 1].unsqueeze(-2)
+                       for hop in range(L - 1)]
+            sub = PositionTransitions(weights, None, selected.ok)
             search = _k_best_by_enumeration if size**L <= ENUMERATED_PATHS else _k_max_paths
             found = search(sub, prepared.init[rows].gather(1, chosen[0]) * filled[0],
                            emission[rows].gather(1, chosen[-1]), L, k, floor)
