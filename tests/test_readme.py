@@ -19,6 +19,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -140,27 +141,28 @@ def fork_server():
 def run_block(context, code, cwd):
     """``(exit code, stdout, stderr)`` of ``code`` run as ``__main__`` in a process forked from ``context``'s
     server, in directory ``cwd``; a block still running after :data:`BLOCK_TIMEOUT_S` is killed (exit code None)."""
-    stdout, stderr = os.path.join(cwd, ".block.stdout"), os.path.join(cwd, ".block.stderr")
-    names = {"CODE": code, "CWD": str(cwd), "STDOUT": stdout, "STDERR": stderr}
-    process = context.Process(target=exec, args=(_CHILD, names))
-    process.start()
-    process.join(BLOCK_TIMEOUT_S)
-    if process.is_alive():
-        process.kill()
-        process.join()
-        exitcode = None
-    else:
-        exitcode = process.exitcode
-    outputs = []
-    for path in (stdout, stderr):
-        with open(path) as file:
-            outputs.append(file.read())
-    return exitcode, *outputs
+    with tempfile.TemporaryDirectory() as outputs:  # not in cwd, where the block may list its own files
+        stdout, stderr = os.path.join(outputs, "stdout"), os.path.join(outputs, "stderr")
+        names = {"CODE": code, "CWD": str(cwd), "STDOUT": stdout, "STDERR": stderr}
+        process = context.Process(target=exec, args=(_CHILD, names))
+        process.start()
+        process.join(BLOCK_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            exitcode = None
+        else:
+            exitcode = process.exitcode
+        texts = []
+        for path in (stdout, stderr):
+            with open(path) as file:
+                texts.append(file.read())
+    return exitcode, *texts
 
 
 def test_the_runner_reports_failures_output_and_directory(fork_server, tmp_path):
-    code = "import os, sys\nprint(os.getcwd())\nprint('to stderr', file=sys.stderr)\nraise SystemExit(3)\n"
-    assert run_block(fork_server, code, tmp_path) == (3, f"{tmp_path}\n", "to stderr\n")
+    code = "import os, sys\nprint(os.getcwd(), os.listdir())\nprint('to stderr', file=sys.stderr)\nraise SystemExit(3)\n"
+    assert run_block(fork_server, code, tmp_path) == (3, f"{tmp_path} []\n", "to stderr\n")
     exitcode, _, stderr = run_block(fork_server, "x = 1\nundefined_name\n", tmp_path)
     assert exitcode == 1 and 'File "<block>", line 2' in stderr and "NameError" in stderr
     # nothing is carried over from one block to the next
