@@ -227,24 +227,24 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     # scored at its largest need, and their number grows as need^L): exactly k candidates, up to
     # FEW_CANDIDATES, more.
     if candidates is not None:
+        # The candidates' transition weights and first- and last-hop factors, formed once for every row; empty
+        # slots (past a row's own candidates) are made unreachable: no start, no transition into them.
+        chosen = [positions for positions, _ in candidates]
+        filled = [slot_filled.to(emission.dtype) for _, slot_filled in candidates]
+        weights = [transitions.submatrix(hop, chosen[hop], chosen[hop + 1]) * filled[hop + 1].unsqueeze(-2)
+                   for hop in range(L - 1)]
+        first, last = prepared.init.gather(1, chosen[0]) * filled[0], emission.gather(1, chosen[-1])
         exact, few = pruned & (needed <= k), pruned & (needed <= FEW_CANDIDATES)
         for group in (exact, few & ~exact, pruned & ~few):
             rows = group.nonzero().squeeze(-1)
             if not len(rows):
                 continue
             size = int(needed[rows].max())
-            selected = transitions.select(rows)
-            chosen = [positions[rows, :size] for positions, _ in candidates]
-            # Empty slots (past a row's own candidates) are made unreachable: no start, no transition into them.
-            filled = [slot_filled[rows, :size].to(emission.dtype) for _, slot_filled in candidates]
-            weights = [selected.submatrix(hop, chosen[hop], chosen[hop + 1]) * filled[hop + 1].unsqueeze(-2)
-                       for hop in range(L - 1)]
-            sub = PositionTransitions(weights, None, selected.ok)
+            sub = PositionTransitions([w[rows, :size, :size] for w in weights], None, transitions.ok[rows])
             search = _k_best_by_enumeration if size**L <= ENUMERATED_PATHS else _k_max_paths
-            found = search(sub, prepared.init[rows].gather(1, chosen[0]) * filled[0],
-                           emission[rows].gather(1, chosen[-1]), L, k, floor)
+            found = search(sub, first[rows, :size], last[rows, :size], L, k, floor)
             values[rows], log_scale[rows] = found[0], found[2]
-            paths[rows] = torch.stack([chosen[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
+            paths[rows] = torch.stack([chosen[hop][rows].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
             ok[rows] &= found[3]
     # The k-max product over every position holds (c, N, k, N) or (c, S, k N): the other rows in slices that fit.
     rows = (~pruned).nonzero().squeeze(-1)
