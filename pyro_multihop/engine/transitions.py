@@ -267,7 +267,11 @@ class SymbolTransitions(Transitions):
     def reverse_weights(self, hop, alpha, positions, out=None):
         keys = self.keys.gather(1, positions)  # (c, s): the key of each drawn position
         c, s, N = len(keys), keys.shape[1], self.values.shape[1]
-        by_key = self.weights[hop].transpose(0, 1).contiguous()  # (S_k, S_v)
+        by_key = self.weights[hop].transpose(0, 1)  # (S_k, S_v), contiguous when the table is kept by key
+        if keys.numel() >= by_key.shape[0]:
+            # Reading more rows than the table holds: one copy (none if contiguous) beats strided reads, 0.1 ms
+            # against 0.4-0.6 ms at S = 50, c s = 10 000; for few draws (MAP decoding) the copy would cost more.
+            by_key = by_key.contiguous()
         columns = by_key.index_select(0, keys.flatten()).view(c, s, -1)  # (c, s, S): E[:, key] of each draw
         arriving = torch.gather(columns, -1, self.values.unsqueeze(1).expand(c, s, N), out=out)  # E[v_i, key]
         leaving = alpha * self.inverse_normalisers[hop].gather(1, self.values) * self.real  # alpha[i] / R[v_i]
