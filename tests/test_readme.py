@@ -15,6 +15,7 @@ Blocks that are not meant to run (fragments, shell sessions, output) are fenced 
 ```bash or ```console, never as ```python: there is no marker that skips a python block.
 """
 
+import inspect
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -28,12 +29,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK_TIMEOUT_S = 600
 
+
+def _public_modules():
+    """The modules that define ``pyro_multihop``'s public names (the package resolves them on first use)."""
+    import pyro_multihop
+
+    named = (getattr(pyro_multihop, name) for name in pyro_multihop.__all__)
+    return sorted({obj.__name__ if inspect.ismodule(obj) else obj.__module__
+                   for obj in named if inspect.ismodule(obj) or hasattr(obj, "__module__")})
+
+
 #: Imported once by the fork server, before any block runs. Only imports: no tensor is computed there, so a forked
 #: child starts with torch's thread pools unstarted. (torch.optim imports torch._dynamo on first use: 1.4 s.)
-PRELOAD = ["torch", "torch._dynamo", "pyro", "pandas", "pyro_multihop"] + [
-    f"pyro_multihop.{name}" for name in
-    ("checkpoint", "data", "diagnostics", "distributions", "em", "engine", "fact_data", "models", "runs", "train")
-]
+PRELOAD = ["torch", "torch._dynamo", "pyro", "pandas", "pyro_multihop", *_public_modules()]
 
 # Run in the forked child with exec: the block's directory and output files, then the block as __main__ (so that
 # tracebacks name "<block>" and its own line numbers).
