@@ -17,6 +17,7 @@ transition ``hop`` goes from ``z_{hop+1}`` to ``z_{hop+2}``).
 
 from __future__ import annotations
 
+import warnings
 from typing import List, NamedTuple, Optional
 
 import torch
@@ -176,6 +177,7 @@ class SymbolTransitions(Transitions):
         self.weights, self.keys, self.values, self.real = weights, keys, values, real
         self.inverse_normalisers, self.ok = inverse_normalisers, ok
         self.num_symbols = num_symbols
+        self._flat_index = {}
 
     @classmethod
     def build(cls, gates: HopGates, chunk, weights: Optional[List[torch.Tensor]] = None) -> "SymbolTransitions":
@@ -201,6 +203,15 @@ class SymbolTransitions(Transitions):
     def select(self, rows: torch.Tensor) -> "SymbolTransitions":
         return SymbolTransitions(self.weights, self.keys[rows], self.values[rows], self.real[rows],
                                  [r[rows] for r in self.inverse_normalisers], self.ok[rows], self.num_symbols)
+
+    def flat_index(self, field: str) -> torch.Tensor:
+        """``(c N,)``: ``row * S + symbol`` of every position's ``field`` (``"keys"`` or ``"values"``), formed
+        once per chunk."""
+        if field not in self._flat_index:
+            symbols = getattr(self, field)
+            rows = torch.arange(len(symbols), device=symbols.device).unsqueeze(-1)
+            self._flat_index[field] = (symbols + rows * self.num_symbols).flatten()
+        return self._flat_index[field]
 
     def leaving(self, message: torch.Tensor, hop: int) -> torch.Tensor:
         """``(c, S)``: ``sum_{i: value_i = v} message[i] / R[v]``, the mass leaving through value ``v``."""
@@ -232,16 +243,14 @@ class SymbolTransitions(Transitions):
     def max_forward(self, message, hop):
         # max_i message[i] E[v_i, k_j] / R[v_i] = max_v (max_{i: v_i = v} message[i]) / R[v] E[v, k_j]: a
         # scatter-max over the values, then an (S, S) max per row, over the contiguous last dim.
-        best_by_value = message.new_zeros(message.shape[0], self.num_symbols)
-        best_by_value = best_by_value.scatter_reduce(1, self.values, message, "amax")  # messages >= 0
-        scores = max_times(best_by_value * self.inverse_normalisers[hop], self.weights[hop].contiguous())  # (c, S_k)
+        best_by_value = _max_by_symbol(self.flat_index("values"), message, self.num_symbols)
+        scores = max_times(best_by_value * self.inverse_normalisers[hop], self.weights[hop])  # (c, S_k)
         return scores.gather(1, self.keys) * self.real
 
     def max_backward(self, message, hop):
         # max_j E[v_i, k_j] message[j] / R[v_i] = max_k E[v_i, k] (max_{j: k_j = k} message[j]) / R[v_i].
-        best_by_key = message.new_zeros(message.shape[0], self.num_symbols)
-        best_by_key = best_by_key.scatter_reduce(1, self.keys, message * self.real, "amax")  # messages >= 0
-        best = max_times(best_by_key, self.weights[hop].transpose(0, 1).contiguous())  # (c, S_v)
+        best_by_key = _max_by_symbol(self.flat_index("keys"), message * self.real, self.num_symbols)
+        best = max_times(best_by_key, self.weights[hop].transpose(0, 1))  # (c, S_v)
         return (best * self.inverse_normalisers[hop]).gather(1, self.values) * self.real
 
     def submatrix(self, hop, rows, cols):
@@ -296,23 +305,37 @@ class SymbolTransitions(Transitions):
 
 def max_times(rows: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``(c, K)``: ``out[c, k] = max_v rows[c, v] table[v, k]``, the max-product of ``rows (c, V)`` and ``table
-    (V, K)`` (both non-negative). For many rows, a running maximum over ``v`` (``V`` in-place products of
-    ``(c, K)``) rather than a ``(c, V, K)`` temporary: the same products, about 2.5x faster at ``V = K = 50``,
-    ``c = 1000`` on one thread; for few rows one broadcast (the loop's per-step cost would dominate)."""
+    (V, K)`` (both non-negative). For many rows, a running maximum over ``v`` (``V`` in-place products) rather than
+    a ``(c, V, K)`` temporary: the same products, about 2.5x faster at ``V = K = 50``, ``c = 1000`` on one thread;
+    for few rows one broadcast (the loop's per-step cost would dominate). The loop runs on the transpose, ``(K, c)``,
+    so that each step scales contiguous rows by one entry of the table (0.57 ms against 0.68 ms when each step
+    scaled a table row by a strided column of ``rows``); the result is its transposed view."""
     c, V = rows.shape
     if c * table.shape[1] < MAX_TIMES_LOOP_ELEMENTS or V == 1:
         return (rows.unsqueeze(-1) * table).amax(-2)
-    columns, table_rows = rows.t().unsqueeze(-1).unbind(0), table.unbind(0)  # views made in one call each
-    out = columns[0] * table_rows[0]
+    columns, table_rows = rows.t().contiguous().unbind(0), table.unsqueeze(-1).unbind(0)  # (c,) and (K, 1) each
+    out = table_rows[0] * columns[0]  # (K, c)
     step = torch.empty_like(out)
     for column, table_row in zip(columns[1:], table_rows[1:]):
-        torch.mul(column, table_row, out=step)
+        torch.mul(table_row, column, out=step)
         torch.maximum(out, step, out=out)
-    return out
+    return out.t()
 
 
 #: Below ``c K`` of this many elements, :func:`max_times` broadcasts instead of looping over ``v``.
 MAX_TIMES_LOOP_ELEMENTS = 8192
+
+
+def _max_by_symbol(flat_index: torch.Tensor, x: torch.Tensor, num_symbols: int) -> torch.Tensor:
+    """``(c, S)``: ``out[c, s] = max(0, max_i x[c, i] [symbol_ci = s])`` for ``x (c, N) >= 0``, given the flat
+    index ``c * S + symbol_ci`` (:meth:`SymbolTransitions.flat_index`). ``index_reduce_`` over the flat index
+    takes 0.24 ms at ``c = 1000``, ``N = 100``, ``S = 50``, against 0.31 ms for a ``scatter_reduce`` over the rows;
+    it is in beta, and says so once per process: that warning is not the user's concern."""
+    out = x.new_zeros(x.shape[0] * num_symbols)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="index_reduce", category=UserWarning)
+        out.index_reduce_(0, flat_index, x.flatten(), "amax")
+    return out.view(x.shape[0], num_symbols)
 
 
 def _by_symbol(index: torch.Tensor, x: torch.Tensor, num_symbols: int) -> torch.Tensor:
