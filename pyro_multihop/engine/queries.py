@@ -11,7 +11,7 @@ from .hop_gates import HopGates, choose_route, first_hop_log_probs
 from .log_space import chain_log_likelihood
 from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
 from .recursion import forward_messages, underflow_floor
-from .symbol_likelihood import symbol_route_total
+from .symbol_likelihood import key_table_symbol_route_total, symbol_route_total, takes_key_tables
 from .transitions import PreparedChunk, prepare, rows_per_chunk
 
 __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
@@ -29,6 +29,11 @@ def _log_likelihood_chunk(gates: HopGates, chunk, route: str) -> torch.Tensor:
     symbol route with gradients, the total's gradient comes from the forward-backward messages
     (:mod:`.symbol_likelihood`) rather than from autograd through the recursion."""
     if (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
+            and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS and takes_key_tables(gates)):
+        emission, shift, ok = shifted_emission(gates, chunk)
+        total, transitions_ok = key_table_symbol_route_total(gates, chunk, emission)
+        prepared = PreparedChunk(chunk, None, None, None)
+    elif (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
             and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS):
         weights = gates.transition_weights  # first: the first hop then reads the whole tables
         init = first_hop_log_probs(gates.score_tables, chunk).exp()

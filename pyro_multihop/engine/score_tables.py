@@ -25,7 +25,7 @@ import torch
 
 from ..gate_ops import flat_gather, flat_index, small_flat_index, table_gather
 
-__all__ = ["ScoreTables", "DenseScoreTables", "KeyTableScores", "as_score_tables"]
+__all__ = ["ScoreTables", "DenseScoreTables", "KeyTableScores", "as_score_tables", "transition_weights_by_key"]
 
 
 class ScoreTables:
@@ -163,18 +163,25 @@ class _KeyTableGather(torch.autograd.Function):
         return grad_tables, None, None, None, None
 
 
+def _logits_by_key(table: torch.Tensor, sigma2: float) -> torch.Tensor:
+    """``(S_k, S_q)``: one hop's logits ``(K[k, q] - ||K[k]||^2 / 2) / sigma2`` in the key table's own layout."""
+    inverse = 1.0 / sigma2
+    shift = torch.linalg.vector_norm(table, dim=-1, keepdim=True).square_().mul_(-0.5 * inverse)  # (S_k, 1)
+    return torch.addcmul(shift, table, table.new_tensor(inverse))
+
+
+def transition_weights_by_key(table: torch.Tensor, sigma2: float) -> torch.Tensor:
+    """``(S_k, S_q)``: one later hop's transition weights ``E^T``, its logits exponentiated after subtracting each
+    query's maximum (so that each query's largest weight is 1), in the key table's layout."""
+    by_key = _logits_by_key(table, sigma2)
+    return by_key.sub_(by_key.amax(-2, keepdim=True)).exp_()
+
+
 def _whole_tables(key_tables: torch.Tensor, sigma2: float) -> List[torch.Tensor]:
     """In the key tables' (key, query) layout: the logits of hop 1, ``(S_k, S_q)``, and the transition weights
     ``E^T`` of every later hop (exponentiated, shifted so that each query's maximum is 1)."""
-    inverse = 1.0 / sigma2
-    tables = []
-    for hop, table in enumerate(key_tables.unbind(0)):
-        shift = torch.linalg.vector_norm(table, dim=-1, keepdim=True).square_().mul_(-0.5 * inverse)  # (S_k, 1)
-        by_key = torch.addcmul(shift, table, table.new_tensor(inverse))  # (K - ||K||^2 / 2) / sigma2
-        if hop > 0:
-            by_key.sub_(by_key.amax(-2, keepdim=True)).exp_()
-        tables.append(by_key)
-    return tables
+    tables = key_tables.unbind(0)
+    return [_logits_by_key(tables[0], sigma2)] + [transition_weights_by_key(table, sigma2) for table in tables[1:]]
 
 
 class _KeyTableWholeTables(torch.autograd.Function):
