@@ -19,15 +19,17 @@ __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_margin
 
 
 #: From this many symbols on, the symbol route's gradient comes from the forward-backward messages
-#: (:mod:`.symbol_likelihood`): measured on one thread, collapsed loss plus backward, against autograd through the
-#: recursion, 0.87x the time at S = 1000 (N = 300, 20 rows), about 1.0x at S = 200 and 400, 1.1x at S = 50.
+#: (:mod:`.symbol_likelihood`). Measured on one thread (loss plus backward of a chained head, N = 300, 20 rows,
+#: nine rotated rounds) against autograd through the recursion: 0.98x the time at S = 50 and 128, 0.88x at 256,
+#: 0.73-0.75x at 400 and 1000; below the threshold the two are within noise, and autograd's path is the simpler.
 CLOSED_FORM_MIN_SYMBOLS = 256
 
 
 def _log_likelihood_chunk(gates: HopGates, chunk, route: str) -> torch.Tensor:
     """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows recomputed in log space. On the
     symbol route with gradients, the total's gradient comes from the forward-backward messages
-    (:mod:`.symbol_likelihood`) rather than from autograd through the recursion."""
+    (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
+    directly, else from the score tables' transition weights."""
     if (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
             and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS and takes_key_tables(gates)):
         emission, shift, ok = shifted_emission(gates, chunk)

@@ -16,6 +16,11 @@ The gradient of the total has a closed form in the forward messages ``alpha`` an
 so that over a chunk it is one ``(S, 2c) x (2c, S)`` product a transition, written once, and the first hop and
 the emission get ``beta[0]`` and ``alpha[L - 1]``.
 
+Two autograd functions apply it: :func:`symbol_route_total` to any score tables' transition weights (their own
+backward then takes the gradient on to the parameters), and :func:`key_table_symbol_route_total` to a chained
+head's key tables, forming the first hop and the weights inside, so that every hop's gradient is written once into
+the key tables' gradient (16 MB of fresh ``(S, S)`` buffers less a loss at ``S = 1000``, ``L = 3``).
+
 Shapes: ``c`` rows, ``N`` positions, ``S`` symbols, ``L`` hops.
 """
 
