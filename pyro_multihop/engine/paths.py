@@ -254,27 +254,36 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     # scored at its largest need, and their number grows as need^L): exactly k candidates, up to
     # FEW_CANDIDATES, more.
     if candidates is not None:
-        # The candidates' transition weights and first- and last-hop factors, formed once for every row; empty
-        # slots (past a row's own candidates) are made unreachable: no start, no transition into them.
         chosen = [positions for positions, _ in candidates]
         filled = [slot_filled.to(emission.dtype) for _, slot_filled in candidates]
-        weights = [transitions.submatrix(hop, chosen[hop], chosen[hop + 1]) * filled[hop + 1].unsqueeze(-2)
-                   for hop in range(L - 1)]
-        first, last = prepared.init.gather(1, chosen[0]) * filled[0], emission.gather(1, chosen[-1])
         exact, few = pruned & (needed <= k), pruned & (needed <= FEW_CANDIDATES)
         for group in (exact, few & ~exact, pruned & ~few):
             rows = group.nonzero().squeeze(-1)
             if not len(rows):
                 continue
             size = int(needed[rows].max())
+            # The candidates' transition weights and first- and last-hop factors, those of the exact group (most
+            # rows) formed for every row at its size, the others' for their rows alone; empty slots (past a row's
+            # own candidates) are made unreachable: no start, no transition into them.
+            every = size == k
+            sub = transitions if every else transitions.select(rows)
+            picked = [positions[:, :size] if every else positions[rows, :size] for positions in chosen]
+            fill = [slot_filled[:, :size] if every else slot_filled[rows, :size] for slot_filled in filled]
+            weights = [sub.submatrix(hop, picked[hop], picked[hop + 1]) * fill[hop + 1].unsqueeze(-2)
+                       for hop in range(L - 1)]
+            first = (prepared.init if every else prepared.init[rows]).gather(1, picked[0]) * fill[0]
+            last = (emission if every else emission[rows]).gather(1, picked[-1])
+            if every:
+                weights, first, last = [w[rows] for w in weights], first[rows], last[rows]
+                picked = [positions[rows] for positions in picked]
             if size**L <= ENUMERATED_PATHS:
-                sub = [w[rows, :size, :size].permute(1, 2, 0).contiguous() for w in weights]  # (s, s, c)
-                found = _k_best_by_enumeration(sub, first[rows, :size], last[rows, :size], L, k, floor)
+                found = _k_best_by_enumeration([w.permute(1, 2, 0).contiguous() for w in weights], first, last, L,
+                                               k, floor)  # the weights (s, s, rows): the rows last
             else:
-                sub = PositionTransitions([w[rows, :size, :size] for w in weights], None, transitions.ok[rows])
-                found = _k_max_paths(sub, first[rows, :size], last[rows, :size], L, k, floor)
+                found = _k_max_paths(PositionTransitions(weights, None, transitions.ok[rows]), first, last, L, k,
+                                     floor)
             values[rows], log_scale[rows] = found[0], found[2]
-            paths[rows] = torch.stack([chosen[hop][rows].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
+            paths[rows] = torch.stack([picked[hop].gather(1, found[1][..., hop]) for hop in range(L)], dim=-1)
             ok[rows] &= found[3]
     # The k-max product over every position holds (c, N, k, N) or (c, S, k N): the other rows in slices that fit.
     rows = (~pruned).nonzero().squeeze(-1)
