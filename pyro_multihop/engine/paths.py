@@ -61,14 +61,14 @@ def _log_space_emission(log_emission: torch.Tensor, given_target: bool) -> torch
 
 
 def _rescaled(step, floor: float):
-    """A max-product step whose output is divided by its maximum over everything but the rows; it keeps
-    ``(what the step kept, scale (c,))``."""
+    """A max-product step whose output (a fresh tensor) is divided, in place, by its maximum over everything but the
+    rows; it keeps ``(what the step kept, scale (c,))``."""
 
     def rescaled(message, hop):
         out = step(message, hop)
         out, kept = out if isinstance(out, tuple) else (out, None)
         scale = out.flatten(1).amax(-1)
-        return out / scale.clamp_min(floor).view((-1,) + (1,) * (out.dim() - 1)), (kept, scale)
+        return out.div_(scale.clamp_min(floor).view((-1,) + (1,) * (out.dim() - 1))), (kept, scale)
 
     return rescaled
 
@@ -144,10 +144,10 @@ def _k_best_by_enumeration(weights, init: torch.Tensor, emission: torch.Tensor, 
         scores = (scores.reshape(-1, s, 1, c) * weights[hop]).view(-1, c)
         scale = scores.amax(0)
         ok &= scale >= floor
-        scores = scores / scale.clamp_min(floor)
+        scores.div_(scale.clamp_min(floor))
         log_scale += scale.clamp_min(floor).log()
     final = (scores.view(-1, s, c) * emission.t()).view(-1, c)
-    values, flat = _largest(final.t(), min(k, final.shape[0]))
+    values, flat = _largest(final.t(), min(k, final.shape[0]), in_place=True)
     paths = torch.stack([(flat // s ** (n_hops - 1 - hop)) % s for hop in range(n_hops)], dim=-1)
     return values, paths, log_scale, ok
 
@@ -159,15 +159,16 @@ ENUMERATED_PATHS = 4096
 FEW_CANDIDATES = 8
 
 
-def _largest(scores: torch.Tensor, k: int, rest: bool = False):
+def _largest(scores: torch.Tensor, k: int, rest: bool = False, in_place: bool = False):
     """``(values (c, k), positions (c, k))``: the ``k`` largest entries of each row of ``scores (c, N)``
     (``N >= k``), best first; with ``rest``, also ``(c,)`` the largest of the others (``N > k``). For small ``k``,
-    by taking out row maxima one at a time: ``k`` passes over ``(c, N)``, where a top-k sorts each row (0.55 ms at
-    ``c = 1000``, ``N = 100``, ``k = 5``, against 0.95 ms for ``topk(6)``)."""
+    by taking out row maxima one at a time (in ``scores`` itself with ``in_place``): ``k`` passes over ``(c, N)``,
+    where a top-k sorts each row (0.55 ms at ``c = 1000``, ``N = 100``, ``k = 5``, against 0.95 ms for
+    ``topk(6)``)."""
     if k > 8:
         values, positions = scores.topk(k + rest, dim=-1)
         return (values[:, :k], positions[:, :k], values[:, k]) if rest else (values, positions)
-    scores = scores.clone()
+    scores = scores if in_place else scores.clone()
     values, positions = [], []
     for _ in range(k):
         value, position = scores.max(-1, keepdim=True)
@@ -209,8 +210,10 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
     every position above it."""
     forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
     backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
-    max_marginals = [f * b for f, b in zip(forward, backward[::-1])]
-    top = [_largest(m, k, rest=True) for m in max_marginals]
+    backward = backward[::-1]
+    # The k largest of each hop's max-marginals, taken out of a fresh product (the few rows with more positions
+    # above the bound form theirs again below).
+    top = [_largest(f * b, k, rest=True, in_place=True) for f, b in zip(forward, backward)]
     best = [values[:, 0].clamp_min(floor) for values, _, _ in top]  # the best path's score, in each hop's scale
     # The slack covers the rounding of the max-marginals (a few eps each).
     threshold = torch.stack([values[:, -1] / b for (values, _, _), b in zip(top, best)]).amax(0) * (1 - 1e-4)
@@ -219,16 +222,17 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
     fits = threshold >= floor
     needed = torch.full_like(more, k, dtype=torch.long)
     over = (more & fits).nonzero().squeeze(-1)
-    above = [m[over] >= bound[over].unsqueeze(-1) for m, bound in zip(max_marginals, bounds)]
+    above = [f[over] * b[over] >= bound[over].unsqueeze(-1) for f, b, bound in zip(forward, backward, bounds)]
     if len(over):
         needed[over] = torch.stack([a.sum(-1) for a in above]).amax(0)
         fits[over] = needed[over] <= cap
     size = int(needed[fits].max()) if fits.any() else k
     candidates = []
     for (values, positions, _), bound, a in zip(top, bounds, above):
-        chosen = positions.new_zeros(len(positions), size)
-        filled = torch.zeros_like(chosen, dtype=torch.bool)
-        chosen[:, :k], filled[:, :k] = positions, values >= bound.unsqueeze(-1)
+        chosen, filled = positions, values >= bound.unsqueeze(-1)
+        if size > k:
+            chosen = torch.cat([chosen, chosen.new_zeros(len(chosen), size - k)], -1)
+            filled = torch.cat([filled, filled.new_zeros(len(filled), size - k)], -1)
         if len(over):
             chosen[over], filled[over] = _first_where(a, size)
         candidates.append((chosen, filled))
@@ -296,8 +300,8 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
     total = (forward_messages(transitions, prepared.init, L)[-1] * emission).sum(-1)  # the likelihood, shifted
     # Paths of probability zero (padding, a zero emission) are exactly 0 here; a rank below the number of
     # possible paths that is below the floor underflowed, and the row goes to log space.
-    real = chunk.full_mask()
-    possible = real.sum(-1).to(emission.dtype) ** (L - 1) * ((emission > 0) & real).sum(-1).to(emission.dtype)
+    real_positions = N if chunk.mask is None else chunk.mask.sum(-1).to(emission.dtype)
+    possible = real_positions ** (L - 1) * (emission > 0).sum(-1).to(emission.dtype)  # emission is 0 at padding
     ranks = torch.arange(values.shape[-1], device=values.device)
     ok &= transitions.ok & (total >= floor) & ((values >= floor) | (ranks >= possible.unsqueeze(-1))).all(-1)
     impossible = values <= 0

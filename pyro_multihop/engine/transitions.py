@@ -170,13 +170,14 @@ class SymbolTransitions(Transitions):
     :ivar weights: ``(L - 1, S, S)`` ``E`` (row maximum 1), shared by every row.
     :ivar real: ``(c, N)`` 1.0 at real positions, 0.0 at padding.
     :ivar inverse_normalisers: per transition ``(c, S)``, ``1 / R[c, v]`` (1 for values absent from the row).
+    :ivar padded: whether any position is padding (else multiplying by ``real`` is skipped).
     """
 
     def __init__(self, weights: List[torch.Tensor], keys, values, real, inverse_normalisers: List[torch.Tensor], ok,
-                 num_symbols: int):
+                 num_symbols: int, padded: bool = True):
         self.weights, self.keys, self.values, self.real = weights, keys, values, real
         self.inverse_normalisers, self.ok = inverse_normalisers, ok
-        self.num_symbols = num_symbols
+        self.num_symbols, self.padded = num_symbols, padded
         self._flat_index = {}
 
     @classmethod
@@ -198,11 +199,13 @@ class SymbolTransitions(Transitions):
             normalisers.append(normaliser)
         # Absent values are never divided by; failing rows get R = 1 so that every (discarded) value stays finite.
         divide = present & ok.unsqueeze(-1)
-        return cls(weights, keys, values, real, [_inverse(r, divide) for r in normalisers], ok, S)
+        return cls(weights, keys, values, real, [_inverse(r, divide) for r in normalisers], ok, S,
+                   padded=chunk.mask is not None)
 
     def select(self, rows: torch.Tensor) -> "SymbolTransitions":
         return SymbolTransitions(self.weights, self.keys[rows], self.values[rows], self.real[rows],
-                                 [r[rows] for r in self.inverse_normalisers], self.ok[rows], self.num_symbols)
+                                 [r[rows] for r in self.inverse_normalisers], self.ok[rows], self.num_symbols,
+                                 self.padded)
 
     def flat_index(self, field: str) -> torch.Tensor:
         """``(c N,)``: ``row * S + symbol`` of every position's ``field`` (``"keys"`` or ``"values"``), formed
@@ -243,15 +246,22 @@ class SymbolTransitions(Transitions):
     def max_forward(self, message, hop):
         # max_i message[i] E[v_i, k_j] / R[v_i] = max_v (max_{i: v_i = v} message[i]) / R[v] E[v, k_j]: a
         # scatter-max over the values, then an (S, S) max per row, over the contiguous last dim.
+        # In place on the fresh intermediates: each (c, S) or (c, N) buffer of a step is a page-fault on some
+        # machines (glibc hands freed blocks of this size back to the kernel).
         best_by_value = _max_by_symbol(self.flat_index("values"), message, self.num_symbols)
-        scores = max_times(best_by_value * self.inverse_normalisers[hop], self.weights[hop])  # (c, S_k)
-        return scores.gather(1, self.keys) * self.real
+        scores = max_times(best_by_value.mul_(self.inverse_normalisers[hop]), self.weights[hop])  # (c, S_k)
+        return self._at_real(scores.gather(1, self.keys))
 
     def max_backward(self, message, hop):
         # max_j E[v_i, k_j] message[j] / R[v_i] = max_k E[v_i, k] (max_{j: k_j = k} message[j]) / R[v_i].
-        best_by_key = _max_by_symbol(self.flat_index("keys"), message * self.real, self.num_symbols)
+        best_by_key = _max_by_symbol(self.flat_index("keys"), message * self.real if self.padded else message,
+                                     self.num_symbols)
         best = max_times(best_by_key, self.weights[hop].transpose(0, 1))  # (c, S_v)
-        return (best * self.inverse_normalisers[hop]).gather(1, self.values) * self.real
+        return self._at_real(best.mul_(self.inverse_normalisers[hop]).gather(1, self.values))
+
+    def _at_real(self, fresh: torch.Tensor) -> torch.Tensor:
+        """``fresh (c, N)`` zeroed at padding, in place."""
+        return fresh.mul_(self.real) if self.padded else fresh
 
     def submatrix(self, hop, rows, cols):
         values, keys = self.values.gather(1, rows), self.keys.gather(1, cols)
