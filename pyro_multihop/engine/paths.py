@@ -179,6 +179,36 @@ def _largest(scores: torch.Tensor, k: int, rest: bool = False, in_place: bool = 
     return (values, positions, scores.amax(-1)) if rest else (values, positions)
 
 
+def _top_positions(scores: torch.Tensor, k: int):
+    """``(values (c, k), positions (c, k), rest (c,))`` for ``scores (c, N) >= 0`` (``N > k``): ``k`` distinct
+    positions of each row among its largest entries, their values, and an upper bound on each of the other entries.
+
+    Each entry's bits, read as an integer (monotone in a non-negative float), keep their high bits and carry the
+    position's rank in the low ``ceil(log2 N)`` bits: one integer row maximum gives a position (ties and values
+    within ``2^-(mantissa bits - log2 N)`` of each other, relatively, in index order), and ``k`` of them take
+    0.28 ms at ``c = 1000``, ``N = 100``, ``k = 5``, against 0.75 ms for ``k`` float row maxima with their
+    positions (the integer maximum is vectorised, the float one with its index is not). The k positions need not be
+    the exact top k: any k distinct positions' smallest value bounds the k-th best path from below, and ``rest``
+    bounds every other position from above."""
+    c, N = scores.shape
+    bits = max(1, (N - 1).bit_length())
+    integer = {4: torch.int32, 8: torch.int64}.get(scores.element_size())
+    if integer is None or bits > 12 or not scores.is_contiguous():
+        return _largest(scores, k, rest=True)
+    low = (1 << bits) - 1
+    rank = low - torch.arange(N, device=scores.device, dtype=integer)  # the lowest index wins a tie
+    keys = scores.view(integer).bitwise_and(~low).bitwise_or_(rank)
+    taken = torch.iinfo(integer).min
+    positions = []
+    for _ in range(k):
+        position = (low - keys.amax(-1, keepdim=True).bitwise_and_(low)).long()
+        positions.append(position)
+        keys.scatter_(-1, position, taken)
+    positions = torch.cat(positions, -1)
+    rest = keys.amax(-1).bitwise_or_(low).view(scores.dtype)  # the largest other key, its low bits all set
+    return scores.gather(-1, positions), positions, rest
+
+
 def _first_where(mask: torch.Tensor, size: int):
     """``(positions (c, size), filled (c, size))``: the first ``size`` positions where ``mask (c, N)`` holds, in
     index order; slots past a row's last such position hold position 0 and ``filled`` False."""
@@ -211,18 +241,18 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
     forward, _ = recurse(init, range(n_hops - 1), _rescaled(transitions.max_forward, floor))
     backward, _ = recurse(emission, reversed(range(n_hops - 1)), _rescaled(transitions.max_backward, floor))
     backward = backward[::-1]
-    # The k largest of each hop's max-marginals, taken out of a fresh product (the few rows with more positions
-    # above the bound form theirs again below).
-    top = [_largest(f * b, k, rest=True, in_place=True) for f, b in zip(forward, backward)]
-    best = [values[:, 0].clamp_min(floor) for values, _, _ in top]  # the best path's score, in each hop's scale
-    # The slack covers the rounding of the max-marginals (a few eps each).
-    threshold = torch.stack([values[:, -1] / b for (values, _, _), b in zip(top, best)]).amax(0) * (1 - 1e-4)
+    max_marginals = [f * b for f, b in zip(forward, backward)]
+    best = [m.amax(-1).clamp_min(floor) for m in max_marginals]  # the best path's score, in each hop's scale
+    top = [_top_positions(m, k) for m in max_marginals]
+    # The smallest of k distinct positions' max-marginals bounds the k-th best path from below; the slack covers
+    # the rounding of the max-marginals (a few eps each).
+    threshold = torch.stack([values.amin(-1) / b for (values, _, _), b in zip(top, best)]).amax(0) * (1 - 1e-4)
     bounds = [threshold * b for b in best]
     more = torch.stack([rest >= bound for (_, _, rest), bound in zip(top, bounds)]).any(0)  # > k above, some hop
     fits = threshold >= floor
     needed = torch.full_like(more, k, dtype=torch.long)
     over = (more & fits).nonzero().squeeze(-1)
-    above = [f[over] * b[over] >= bound[over].unsqueeze(-1) for f, b, bound in zip(forward, backward, bounds)]
+    above = [m[over] >= bound[over].unsqueeze(-1) for m, bound in zip(max_marginals, bounds)]
     if len(over):
         needed[over] = torch.stack([a.sum(-1) for a in above]).amax(0)
         fits[over] = needed[over] <= cap

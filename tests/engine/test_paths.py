@@ -48,3 +48,27 @@ def test_the_k_best_of_a_few_candidates_scored_all_at_once(hops):
         assert torch.allclose(got, torch.tensor(best, dtype=torch.float64), rtol=1e-12)
         for path, value in zip(found[row].tolist(), got.tolist()):
             assert scored[tuple(path)] == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("N", [6, 100, 5000], ids=lambda N: f"N={N}")
+def test_the_top_positions_bound_every_other_entry(dtype, N):
+    """``_top_positions`` (integer keys; ``_largest`` past 4096 positions): k distinct positions holding their
+    values, an upper bound on every other entry, and the exact top k wherever values are apart (here: ties, zeros
+    and well-separated values)."""
+    g = torch.Generator().manual_seed(N)
+    k = 5
+    scores = torch.randint(0, 40, (30, N), generator=g).to(dtype) / 7  # many ties
+    scores[0] = 0.0
+    scores[1, :3] = scores[1, 3]  # a tie across the k-th place
+    values, positions, rest = paths._top_positions(scores, k)
+    assert all(len(set(row)) == k for row in positions.tolist())
+    assert torch.equal(scores.gather(1, positions), values)
+    others = scores.scatter(1, positions, -1.0)
+    assert (rest >= others.amax(-1)).all()
+    assert torch.equal(values.sort(-1, descending=True).values, scores.sort(-1, descending=True).values[:, :k])
+    # values within 2^-16 of each other, relatively, may come in either order, but rest stays a bound
+    near = torch.full((4, N), 1.0, dtype=dtype) + torch.rand(4, N, generator=g, dtype=dtype) * 1e-6
+    values, positions, rest = paths._top_positions(near, k)
+    assert (rest >= near.scatter(1, positions, -1.0).amax(-1)).all()
+    assert torch.equal(near.gather(1, positions), values)
