@@ -595,8 +595,8 @@ def hmm_table(rows: list, memory: list) -> list:
         "the library would reach if its forward cost no more than the build of `DiscreteHMM`'s logits (whose "
         "gathers and parameter reads the library's position route repeats) and its loss no more than that build "
         "differentiated (\"build + backward\": reading the parameters and writing their dense gradients, `(L + 1) S^2` "
-        "entries): where a bound is below the target, no speed-up of the library's own recursion can meet it. The bounds hold for rows on the position "
-        "route; the symbol route gathers no pairs, and passes them.",
+        "entries): where a bound is below the target, no speed-up of the library's own recursion can meet it. "
+        "The bounds hold for rows on the position route; the symbol route gathers no pairs, and passes them.",
         "",
         "| N | S | n | library route | build of its logits (ms) | parameter reads (ms) | `DiscreteHMM` forward (ms) "
         "| library forward (ms) | forward ratio, with build | forward bound | forward ratio, ready logits | "

@@ -30,13 +30,13 @@ def _log_likelihood_chunk(gates: HopGates, chunk, route: str) -> torch.Tensor:
     symbol route with gradients, the total's gradient comes from the forward-backward messages
     (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
     directly, else from the score tables' transition weights."""
-    if (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
-            and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS and takes_key_tables(gates)):
+    closed_form = (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
+                   and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS)
+    if closed_form and takes_key_tables(gates):
         emission, shift, ok = shifted_emission(gates, chunk)
         total, transitions_ok = key_table_symbol_route_total(gates, chunk, emission)
         prepared = PreparedChunk(chunk, None, None, None)
-    elif (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
-            and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS):
+    elif closed_form:
         weights = gates.transition_weights  # first: the first hop then reads the whole tables
         init = first_hop_log_probs(gates.score_tables, chunk).exp()
         emission, shift, ok = shifted_emission(gates, chunk)

@@ -25,7 +25,8 @@ import torch
 
 from ..gate_ops import flat_gather, flat_index, small_flat_index, table_gather
 
-__all__ = ["ScoreTables", "DenseScoreTables", "KeyTableScores", "as_score_tables", "transition_weights_by_key"]
+__all__ = ["ScoreTables", "DenseScoreTables", "KeyTableScores", "as_score_tables", "transition_weights_by_key",
+           "key_gradient_"]
 
 
 class ScoreTables:
@@ -128,8 +129,7 @@ class _QueryKeyTables(torch.autograd.Function):
     def backward(ctx, grad):
         (key_tables,) = ctx.saved_tensors
         by_key = grad.transpose(-1, -2).contiguous()  # (L, key, query): G[l, q, k] at [l, k, q]
-        column_sums = by_key.sum(-1, keepdim=True)  # (L, S, 1): sum_q G[l, q, k]
-        return by_key.addcmul_(key_tables, column_sums, value=-1.0).div_(ctx.sigma2), None
+        return key_gradient_(by_key, key_tables, ctx.sigma2), None
 
 
 class _KeyTableGather(torch.autograd.Function):
@@ -161,6 +161,13 @@ class _KeyTableGather(torch.autograd.Function):
         for hop in row_sums.ne(0).any(-1).nonzero().flatten().tolist():
             grad_tables[hop].addcmul_(key_tables[hop], row_sums[hop].unsqueeze(-1), value=-1.0)
         return grad_tables, None, None, None, None
+
+
+def key_gradient_(logit_grad: torch.Tensor, key_table: torch.Tensor, sigma2: float) -> torch.Tensor:
+    """In place, the gradient in a key table ``K (S_k, S_q)`` from ``logit_grad`` ``G`` in the same layout, the
+    gradient in its logits ``(K[k, q] - ||K[k]||^2 / 2) / sigma2``: ``(G[k, q] - K[k, q] sum_q' G[k, q']) /
+    sigma2``."""
+    return logit_grad.addcmul_(key_table, logit_grad.sum(-1, keepdim=True), value=-1.0).div_(sigma2)
 
 
 def _logits_by_key(table: torch.Tensor, sigma2: float, base: float = 1.0) -> torch.Tensor:
@@ -219,7 +226,7 @@ class _KeyTableWholeTables(torch.autograd.Function):
                 out.copy_(grad)
             else:
                 torch.mul(grad.transpose(0, 1), weights[hop - 1], out=out)
-            out.addcmul_(key_tables[hop], out.sum(-1, keepdim=True), value=-1.0).div_(ctx.sigma2)
+            key_gradient_(out, key_tables[hop], ctx.sigma2)
         return grad_tables, None
 
 

@@ -32,7 +32,7 @@ import torch
 
 from .log_space import masked_log_softmax
 from .recursion import forward_messages
-from .score_tables import KeyTableScores, transition_weights_by_key
+from .score_tables import KeyTableScores, key_gradient_, transition_weights_by_key
 from .transitions import SymbolTransitions
 
 __all__ = ["symbol_route_total", "key_table_symbol_route_total", "takes_key_tables"]
@@ -141,7 +141,7 @@ class _KeyTableSymbolRouteTotal(torch.autograd.Function):
             if grad_tables is None:
                 return
             out = torch.mm(left, right, out=grad_tables[hop + 1]).mul_(weights[hop])  # D, in (key, query) layout
-            out.addcmul_(tables[hop + 1], out.sum(-1, keepdim=True), value=-1.0).div_(sigma2)
+            key_gradient_(out, tables[hop + 1], sigma2)
 
         beta = _backward_products(ctx.transitions, ctx.alphas, emission, [w.transpose(0, 1) for w in weights],
                                   grad, write)
