@@ -56,6 +56,14 @@ Sections (``--sections``, all by default), each writing ``engine_<section>.md`` 
   (``/proc/self/clear_refs``, as ``em_vs_numpy.py`` does; ``ru_maxrss`` where it cannot be reset, which
   only over-reports). Target: each at most 1024 MiB. Queries whose implementation is missing (they
   raise ``AttributeError``/``ImportError``) are marked "not available".
+- ``sharp``: a trained-like head with a sharp gate (key tables the identity plus uniform noise of 0.1, seeded;
+  ``sigma2 = 1e-3``), whose transition weights underflow for most rows on the symbol route (a context seldom
+  holds the key that a query's weights are shifted by). At ``SHARP_GRID``, side by side in rotated rounds:
+  ``log_likelihood``, ``predict_proba``, ``hop_marginals`` and the collapsed loss + backward, against the same
+  head at ``sigma2 = 0.3`` on the same rows, and against every row in log space (``chain_log_likelihood`` on
+  the dense chain, what each failing row cost before the dense retry). The table gives the rows per route of
+  the forward-backward (``forward_backward_chunks``). Checked: the likelihood equals the log-space one
+  (relative 1e-5), the predictive rows sum to 1 and the loss is minus the likelihood.
 - ``scaling`` (item 6): time and peak memory (measured as in ``memory``) of ``log_likelihood`` and
   ``e_step`` for ``n`` in {1e4, 1e5, 1e6} at ``N = 100``, ``S = 50``; for ``N`` in {10, 30, 100, 300,
   1000} at ``n = 10 000``, ``S = 50``; and for ``S`` in {10, 50, 200, 400} at ``N = 100``,
@@ -68,6 +76,7 @@ Usage::
     python benchmarks/engine.py --out benchmarks/results                      # every section
     python benchmarks/engine.py --out benchmarks/results --sections speed peer
     python benchmarks/engine.py --out benchmarks/results --sections hmm        # the DiscreteHMM peer
+    python benchmarks/engine.py --out benchmarks/results --sections sharp      # sharp gates (sigma2 = 1e-3)
     python benchmarks/engine.py --out /tmp/bench --smoke                      # tiny sizes, in-process
 """
 
@@ -89,7 +98,7 @@ from em_vs_numpy import _reset_peak_rss, _status_kib, _trim_heap
 HOPS = 3
 SIGMA2 = 0.3
 SEED = 0
-SECTIONS = ("speed", "paths", "peer", "hmm", "memory", "scaling")
+SECTIONS = ("speed", "paths", "peer", "hmm", "memory", "scaling", "sharp")
 
 # (N, S, n for the plug-in queries and the E-step, n for the two losses)
 SPEED_GRID = [
@@ -804,6 +813,9 @@ def _in_subprocess(function: str, *arguments):
 
 
 PATHS_GRID = [(100, 50, 1000), (30, 1000, 200)]  # (N, S, n)
+SHARP_GRID = [(300, 1000, 200), (100, 50, 2000), (30, 1000, 2000)]  # (N, S, n)
+SMOKE_SHARP_GRID = [(8, 12, 40)]
+SHARP_SIGMA2 = 1e-3
 SMOKE_PATHS_GRID = [(8, 6, 20)]
 
 
@@ -851,6 +863,98 @@ def paths_table(rows: list) -> list:
         verdict = "" if limit is None else (f"<= {limit:g}: ok" if row["ratio"] <= limit else f"<= {limit:g}: **missed**")
         lines.append(f"| {row['N']} | {row['S']} | {row['n']} | `{row['query']}` | {row['us_per_row']:.2f} | "
                      f"{row['ratio']:.2f} | {verdict} |")
+    return lines
+
+
+# -- sharp gates -----------------------------------------------------------------------------------------------
+def sharp_head(symbols: int, sigma2: float):
+    """A trained-like head: key tables the identity plus uniform noise of 0.1 (seeded), a random emission."""
+    import torch
+
+    from pyro_multihop import ChainedAttention
+
+    noise = torch.rand(HOPS, symbols, symbols, generator=torch.Generator().manual_seed(SEED))
+    return ChainedAttention(HOPS, symbols, symbols, sigma2=sigma2, key_tables=torch.eye(symbols) + 0.1 * noise,
+                            emission=random_emission(symbols, symbols, SEED))
+
+
+def sharp_point(N: int, S: int, n: int, repeats: int) -> list:
+    """Rows: per ``sigma2`` (sharp and flat), the median milliseconds of each query, and the rows per route."""
+    torch = _setup_torch()
+    import pyro
+    from pyro.infer import Trace_ELBO
+
+    from pyro_multihop import engine
+    from pyro_multihop.engine.log_space import chain_log_likelihood
+
+    obs = random_observations(n, N, S)
+    rows = []
+    for sigma2 in (SHARP_SIGMA2, SIGMA2):
+        head = sharp_head(S, sigma2)
+        gates = head.hop_gates()
+        elbo = Trace_ELBO()
+
+        def log_likelihood():
+            with torch.no_grad():
+                return head.log_likelihood(obs)
+
+        def predict_proba():
+            with torch.no_grad():
+                return head.predict_proba(obs)
+
+        def hop_marginals():
+            with torch.no_grad():
+                return head.hop_marginals(obs)
+
+        def in_log_space():
+            with torch.no_grad():
+                return chain_log_likelihood(gates.dense_chain(obs), gates.target_log_probs(obs))
+
+        with pyro.get_param_store().scope():
+
+            def loss():
+                head.zero_grad(set_to_none=True)
+                value = elbo.differentiable_loss(head.collapsed_model, head.guide, obs)
+                value.backward()
+                return float(value.detach())
+
+            total, reference = float(log_likelihood().double().sum()), float(in_log_space().double().sum())
+            if abs(total - reference) > 1e-5 * abs(reference):
+                raise RuntimeError(f"sharp: log_likelihood {total} against log space {reference} at N={N} S={S}")
+            sums = predict_proba().double().sum(-1)
+            if (sums - 1).abs().max() > 1e-4:
+                raise RuntimeError(f"sharp: predictive rows sum to {float(sums.min())}..{float(sums.max())}")
+            if abs(loss() + total) > AGREEMENT * abs(total):
+                raise RuntimeError(f"sharp: the loss is not minus the likelihood at N={N} S={S}")
+            times = time_side_by_side({"log_likelihood": log_likelihood, "predict_proba": predict_proba,
+                                       "hop_marginals": hop_marginals, "loss": loss, "in_log_space": in_log_space},
+                                      repeats, warmup_rounds=1)
+        routes = {}
+        for piece in engine.forward_backward_chunks(gates, obs):
+            routes[piece.route] = routes.get(piece.route, 0) + len(piece.obs)
+        rows.append({"N": N, "S": S, "n": n, "sigma2": sigma2, **{f"{k}_ms": v for k, v in times.items()},
+                     "rows_by_route": " ".join(f"{k} {v}" for k, v in routes.items())})
+    return rows
+
+
+def sharp_table(rows: list) -> list:
+    lines = ["A trained-like head (key tables the identity plus uniform noise of 0.1) with a sharp gate (sigma2 = "
+             f"{SHARP_SIGMA2}) and the same head at sigma2 = {SIGMA2}, on the same rows: median milliseconds. "
+             "\"all in log space\" is `chain_log_likelihood` on every row's dense chain, what each underflowing row "
+             "cost before the dense retry; the ratios are the sharp gate's time over the flat one's.", "",
+             "| N | S | n | sigma2 | rows by route (forward-backward) | log_likelihood | predict_proba | hop_marginals "
+             "| loss + backward | all in log space | x flat (ll / pp / hm / loss) |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    flat = {(r["N"], r["S"], r["n"]): r for r in rows if r["sigma2"] != SHARP_SIGMA2}
+    for row in rows:
+        ratios = ""
+        if row["sigma2"] == SHARP_SIGMA2 and (row["N"], row["S"], row["n"]) in flat:
+            base = flat[(row["N"], row["S"], row["n"])]
+            ratios = " / ".join(f"{row[k] / base[k]:.1f}" for k in ("log_likelihood_ms", "predict_proba_ms",
+                                                                     "hop_marginals_ms", "loss_ms"))
+        lines.append(f"| {row['N']} | {row['S']} | {row['n']} | {row['sigma2']:g} | {row['rows_by_route']} | "
+                     f"{row['log_likelihood_ms']:.1f} | {row['predict_proba_ms']:.1f} | {row['hop_marginals_ms']:.1f} "
+                     f"| {row['loss_ms']:.1f} | {row['in_log_space_ms']:.1f} | {ratios} |")
     return lines
 
 
@@ -931,6 +1035,13 @@ def main(argv=None) -> int:
                 rows += _in_subprocess("measure_queries", [query], sizes["n"], sizes["N"], sizes["S"])
                 print(rows[-1], flush=True)
         print(f"wrote {write_section(args.out, 'memory', rows, memory_table(rows), load)}", flush=True)
+    if "sharp" in args.sections:
+        load = _load_average()
+        rows = []
+        for N, S, n in SMOKE_SHARP_GRID if smoke else SHARP_GRID:
+            rows += call("sharp_point", N, S, n, 3 if smoke else args.repeats)
+            print("\n".join(sharp_table(rows[-2:])[3:]), flush=True)
+        print(f"wrote {write_section(args.out, 'sharp', rows, sharp_table(rows), load)}", flush=True)
     if "scaling" in args.sections:
         load = _load_average()
         rows = []

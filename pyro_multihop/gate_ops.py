@@ -9,9 +9,12 @@ forward recursion (:mod:`pyro_multihop.engine.log_space`) use the same, measured
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-__all__ = ["table_gather", "flat_gather", "flat_index", "small_flat_index", "log_normalize", "SHORT_ROW"]
+__all__ = ["table_gather", "flat_gather", "flat_index", "small_flat_index", "log_normalize", "SHORT_ROW", "exp",
+           "logsumexp", "LOG2_E"]
 
 # Rows shorter than this are normalised as ``x - logsumexp(x)``: torch's CPU ``log_softmax`` kernel
 # vectorises across a row, and for rows shorter than a vector (16 float32 lanes) it is 1.5-2.5x slower,
@@ -28,6 +31,36 @@ def log_normalize(logits: torch.Tensor) -> torch.Tensor:
     if logits.shape[-1] < SHORT_ROW:
         return logits - logits.logsumexp(-1, keepdim=True)
     return logits.log_softmax(-1)
+
+
+#: ``log2(e)``, to write ``exp(x)`` as ``exp2(x log2(e))``.
+LOG2_E = 1.4426950408889634
+
+
+def exp(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``exp(x)`` as ``exp2(x log2(e))``, for log-probabilities and shifted logits (``x <= 0``), differentiable.
+
+    torch's CPU ``exp`` takes a slow path where its result underflows: for float32 inputs below about -87 it is
+    10-35x slower (0.82 ms for 10^6 entries in range, 10-30 ms below it, one thread), and sharp gates (small
+    ``sigma2``) and padding (:data:`~pyro_multihop.engine.log_space.MASKED_LOGIT`) make most entries of a
+    factor such inputs; ``exp2`` has no slow path (0.3 ms). The product adds one rounding: a relative error of at
+    most ``|x| eps``, an absolute error below ``eps / e`` for ``x <= 0``.
+
+    :param out: a tensor of ``x``'s shape to write into (not with autograd), or None for a fresh one.
+    """
+    if out is None:
+        return torch.mul(x, LOG2_E).exp2_()
+    return torch.mul(x, LOG2_E, out=out).exp2_()
+
+
+def logsumexp(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """``torch.logsumexp(x, dim)`` through :func:`exp` (no slow path for far-below-maximum entries: 2.6x faster
+    than torch's on a sharp ``(200, 300, 300)`` reduction, as fast on a flat one), differentiable; a slice of
+    ``-inf`` gives ``-inf``."""
+    shift = x.detach().amax(dim, keepdim=True)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    total = torch.sub(x, shift).mul_(LOG2_E).exp2_().sum(dim, keepdim=True).log_().add_(shift)
+    return total if keepdim else total.squeeze(dim)
 
 
 def _flat_index(rows: torch.Tensor, cols: torch.Tensor, num_cols: int) -> torch.Tensor:

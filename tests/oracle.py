@@ -12,9 +12,11 @@ import torch
 
 
 def enumerate_paths(
-    query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None, position_logit=None
+    query_vectors, key_vectors, value_vectors, sigma2, emission, values, target, mask=None, position_logit=None,
+    log=False,
 ):
-    """Joint probabilities of every hop path.
+    """Joint probabilities of every hop path (with ``log``, their logarithms, summed rather than multiplied: exact
+    where a joint's product would underflow float64).
 
     :param query_vectors: ``(n, D)`` hop-1 query vector of each observation.
     :param key_vectors: list over hops of ``(n, N, D)`` key vectors of each position.
@@ -23,7 +25,8 @@ def enumerate_paths(
     :param position_logit: optional ``(allowed, hop, previous, position) -> float`` added to the gate logit
         (``allowed``: the real positions of the row in order; ``previous``: None at hop 0), see
         :func:`position_logit`.
-    :returns: list over observations of dicts ``path tuple -> (prior p(path), joint p(path, target))``.
+    :returns: list over observations of dicts ``path tuple -> (prior p(path), joint p(path, target))`` (their logs
+        with ``log``).
     """
     n, N = values.shape
     hops = len(key_vectors)
@@ -41,19 +44,27 @@ def enumerate_paths(
             top = max(scores)
             weights = [math.exp(s - top) for s in scores]
             total = sum(weights)
+            if log:
+                return {i: s - top - math.log(total) for i, s in zip(allowed, scores)}
             return {i: w / total for i, w in zip(allowed, weights)}
 
         table = {}
         for path in itertools.product(allowed, repeat=hops):
-            prior = 1.0
+            prior = 0.0 if log else 1.0
             query = query_vectors[row]
             previous = None
             for hop, position in enumerate(path):
-                prior *= gate(query, hop, previous)[position]
+                if log:
+                    prior += gate(query, hop, previous)[position]
+                else:
+                    prior *= gate(query, hop, previous)[position]
                 query = value_vectors[row, position]
                 previous = position
-            joint = prior * float(emission[values[row, path[-1]], target[row]])
-            table[path] = (prior, joint)
+            emitted = float(emission[values[row, path[-1]], target[row]])
+            if log:
+                table[path] = (prior, prior + (math.log(emitted) if emitted > 0 else -math.inf))
+            else:
+                table[path] = (prior, prior * emitted)
         result.append(table)
     return result
 

@@ -80,6 +80,11 @@ def test_engine_benchmark_smoke(tmp_path):
     hmm_memory = pd.read_csv(tmp_path / "engine_hmm_memory.csv")
     assert list(hmm_memory["implementation"]) == ["DiscreteHMM", "library"] and (hmm_memory["peak_mib"] > 0).all()
     assert "forward ratio, with build" in (tmp_path / "engine_hmm.md").read_text()
+    sharp = pd.read_csv(tmp_path / "engine_sharp.csv")
+    assert sorted(sharp["sigma2"]) == [1e-3, 0.3]
+    # the sharp gate underflows on the symbol route at these sizes, and its rows are retried on the dense route
+    assert "dense" in sharp.loc[sharp["sigma2"] == 1e-3, "rows_by_route"].item()
+    assert (sharp.filter(like="_ms") > 0).all().all()
 
 
 def test_threads_benchmark_smoke(tmp_path):

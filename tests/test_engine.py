@@ -21,9 +21,15 @@ HEADS = pytest.mark.parametrize("kind", ["chained", "tied"])
 ROUTES = pytest.mark.parametrize("ratio", [math.inf, 0.0], ids=["symbols", "positions"])
 
 
-def make_head(kind, hops, seed=0, sigma2=0.6, scale=1.0, dtype=torch.float64):
+def make_head(kind, hops, seed=0, sigma2=0.6, scale=1.0, dtype=torch.float64, emission_gap=None):
+    """A random head; with ``emission_gap``, an emission whose target log-probabilities are 0 or ``-emission_gap``
+    (700: beyond float64's range of sums, so that a sharp last hop attending a value of the wrong kind leaves the
+    likelihood below the underflow floor even on the dense factors)."""
     generator = torch.Generator().manual_seed(seed)
     emission = torch.rand(S, T, generator=generator, dtype=dtype).softmax(-1)
+    if emission_gap is not None:
+        matches = torch.arange(S).unsqueeze(-1) % T == torch.arange(T)
+        emission = torch.where(matches, 0.0, -emission_gap).to(dtype).softmax(-1)
     if kind == "chained":
         tables = scale * torch.randn(hops, S, S, generator=generator, dtype=dtype)
         return ChainedAttention(hops, S, T, sigma2=sigma2, key_tables=tables, emission=emission)
@@ -67,18 +73,36 @@ def test_every_query_matches_brute_force_on_both_routes(kind, hops, masked, rati
     assert torch.allclose(head.value_marginals(obs), by_value, atol=1e-13)
 
 
+# Emissions for the underflowing rows: random (they are retried on their dense factors), or with target
+# probabilities e^700 apart (some underflow there too, and are recomputed in log space).
+EMISSION_GAPS = pytest.mark.parametrize("emission_gap", [None, 700.0], ids=["random emission", "emission e^700 apart"])
+
+
+def routes_taken(head, obs):
+    return {piece.route for piece in engine.forward_backward_chunks(head.hop_gates(), obs)}
+
+
 @HEADS
 @HOPS
 @ROUTES
-def test_underflowing_rows_are_recomputed_in_log_space(kind, hops, ratio, monkeypatch):
-    """sigma2 = 1e-3 with far-apart keys: gate weights exp(-10^4) underflow in probability space."""
+@EMISSION_GAPS
+def test_underflowing_rows_are_retried_on_dense_factors_then_in_log_space(kind, hops, ratio, emission_gap,
+                                                                         monkeypatch):
+    """sigma2 = 1e-3 with far-apart keys: gate weights exp(-10^4) underflow in probability space. The likelihood,
+    the marginals and the predictive (which has no target to fail on, yet its messages underflow the same way)
+    equal brute force."""
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
-    head, obs = make_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0), random_obs(n=9, seed=21, masked=True)
+    head = make_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0, emission_gap=emission_gap)
+    obs = random_obs(n=9, seed=21, masked=True)
+    if hops > 1:
+        assert "dense" in routes_taken(head, obs)
+        assert ("log" in routes_taken(head, obs)) == (emission_gap is not None)
     expected = brute_force(head, obs)
     log_likelihood = head.log_likelihood(obs)
     assert torch.isfinite(log_likelihood).all()
     assert torch.allclose(log_likelihood, expected["log_likelihood"], rtol=1e-10)
     assert torch.allclose(head.hop_marginals(obs), expected["hop_marginals"], atol=1e-10)
+    assert torch.allclose(head.predict_proba(obs), expected["predictive"], atol=1e-10)
 
 
 @HEADS
@@ -90,8 +114,9 @@ def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch)
     from pyro_multihop.engine.log_space import chain_log_likelihood
 
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
-    for sigma2, scale in ((0.6, 1.0), (1e-3, 2.0)):
-        head, obs = make_head(kind, hops, seed=30, sigma2=sigma2, scale=scale), random_obs(n=8, seed=31, masked=True)
+    for sigma2, scale, gap in ((0.6, 1.0, None), (1e-3, 2.0, None), (1e-3, 2.0, 700.0)):
+        head = make_head(kind, hops, seed=30, sigma2=sigma2, scale=scale, emission_gap=gap)
+        obs = random_obs(n=8, seed=31, masked=True)
         parameters = list(head.parameters())
         engine_grads = torch.autograd.grad(head.log_likelihood(obs).sum(), parameters, allow_unused=True)
         log_emission = head.log_emission[obs.values, obs.target.unsqueeze(-1)]
@@ -268,11 +293,17 @@ def test_fit_svi_collapsed_needs_a_bool():
 
 # -- the path queries of a head, chunked through the engine ------------------------------------------------------
 def exact_path_posterior(head, obs):
-    """Per row: ``path -> p(path | observation)`` by brute force."""
+    """Per row: ``path -> p(path | observation)`` by brute force, from the joints' logarithms (a joint whose
+    product underflows float64 still has its posterior probability)."""
+    emission = head.emission.detach().double()
+    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask,
+                                    log=True)
     posteriors = []
-    for joints in brute_force(head, obs)["joints"]:
-        total = sum(joints.values())
-        posteriors.append({path: joint / total for path, joint in joints.items()})
+    for table in tables:
+        log_joints = {path: log_joint for path, (_, log_joint) in table.items()}
+        top = max(log_joints.values())
+        total = top + math.log(sum(math.exp(value - top) for value in log_joints.values()))
+        posteriors.append({path: math.exp(value - total) for path, value in log_joints.items()})
     return posteriors
 
 
@@ -368,14 +399,17 @@ def assert_map_paths_are_most_probable(paths, posteriors, rtol):
 @HOPS
 @MASKED
 @ROUTES
-@pytest.mark.parametrize("sigma2, scale", [(0.6, 1.0), (1e-3, 2.0)], ids=["sigma2=0.6", "sigma2=1e-3"])
-def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio, sigma2, scale, monkeypatch):
+@pytest.mark.parametrize("sigma2, scale, emission_gap", [(0.6, 1.0, None), (1e-3, 2.0, None), (1e-3, 2.0, 700.0)],
+                         ids=["sigma2=0.6", "sigma2=1e-3", "sigma2=1e-3, emission e^700 apart"])
+def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio, sigma2, scale, emission_gap,
+                                                       monkeypatch):
     """MAP, k best, entropy (with and without the target) and the lazy posterior; sigma2 = 1e-3 rows underflow in
-    probability space and go to log space. The max-products run their looped form here (the broadcast form on
+    probability space and are retried on their dense factors, and with the emission e^700 apart some underflow
+    there too and go to log space. The max-products run their looped form here (the broadcast form on
     few rows is checked in tests/engine/test_transitions.py)."""
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
     monkeypatch.setattr(engine.transitions, "MAX_TIMES_LOOP_ELEMENTS", 0)
-    head = make_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale)
+    head = make_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale, emission_gap=emission_gap)
     obs = random_obs(n=8, seed=101 + hops, masked=masked)
     posteriors = exact_path_posterior(head, obs)
     rtol = 1e-9
@@ -400,8 +434,8 @@ def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio
                          ids=["all-kept", "first-kept", "none-kept"])
 def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares, ratio, monkeypatch):
     """The posterior keeps its first chunks' prepared transitions within the budget and the MAP read reuses them
-    (no second preparation), and recomputes the rest; every path is a most probable one, underflowing rows
-    (sigma2 = 1e-3) included."""
+    (no second preparation of a chunk on its route), and recomputes the rest; every path is a most probable one,
+    underflowing rows (sigma2 = 1e-3, retried on their dense factors) included."""
     from pyro_multihop.engine import paths as engine_paths
 
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
@@ -409,7 +443,8 @@ def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares
     obs = random_obs(n=40, seed=121, masked=True)
     calls = []
     prepare = engine_paths.prepare
-    monkeypatch.setattr(engine_paths, "prepare", lambda *args: calls.append(len(args[1])) or prepare(*args))
+    monkeypatch.setattr(engine_paths, "prepare",
+                        lambda *args: (args[2] != "dense" and calls.append(len(args[1]))) or prepare(*args))
     posterior = head.posterior(obs, budget=budget)
     paths = posterior.map_paths
     assert_map_paths_are_most_probable(paths, exact_path_posterior(head, obs), 1e-9)
@@ -435,10 +470,13 @@ def test_posterior_draws_follow_the_exact_path_posterior_on_both_routes(kind, ra
 
 
 @ROUTES
-def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, monkeypatch):
-    """sigma2 = 1e-3: rows recomputed in log space still draw the paths of positive posterior probability."""
+@EMISSION_GAPS
+def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, emission_gap, monkeypatch):
+    """sigma2 = 1e-3: rows retried on their dense factors or recomputed in log space still draw the paths of
+    positive posterior probability."""
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
-    head, obs = make_head("chained", 2, seed=112, sigma2=1e-3, scale=2.0), random_obs(n=6, seed=113, masked=True)
+    head = make_head("chained", 2, seed=112, sigma2=1e-3, scale=2.0, emission_gap=emission_gap)
+    obs = random_obs(n=6, seed=113, masked=True)
     draws = head.sample_paths(obs, 200, seed=2)
     for row, post in enumerate(exact_path_posterior(head, obs)):
         for path in draws[:, row].tolist():

@@ -37,7 +37,8 @@ The E-step never builds an ``(n, N, N, S)`` tensor. Its statistics come from the
   route when ``S`` is much larger than ``N``).
 
 Both run in probability space with rescaled messages; an observation that would underflow there (tiny
-``sigma2`` with far-apart key tables) is recomputed in log space by the engine. Both give the same
+``sigma2`` with far-apart key tables) is retried on its dense factors, normalised in log space, and recomputed in
+log space by the engine only if it underflows there too. Both give the same
 statistics. Work is chunked over observations under the engine's memory budget
 (:func:`pyro_multihop.engine.get_memory_budget`).
 """
@@ -253,14 +254,16 @@ class ChainedEM:
             return stats
         accumulator = _Accumulator(stats)
         route = None if self.route == "auto" else self.route
-        in_log_space = 0
+        retried, in_log_space = 0, 0
         for part in engine.forward_backward_chunks(model.hop_gates(), obs, rows=self.chunk_size, route=route):
             w = weights[part.rows]
             accumulator.add_likelihood(part.log_likelihood, w)
             accumulator.add_posterior(part, w)
+            retried += len(part.obs) if part.route == "dense" else 0
             in_log_space += len(part.obs) if part.route == "log" else 0
-        if in_log_space:
-            logger.debug("E-step: %d observations fall back to log space", in_log_space)
+        if retried or in_log_space:
+            logger.debug("E-step: %d observations retried on their dense factors, %d more fall back to log space",
+                         retried, in_log_space)
         return accumulator.result()
 
     # -- M-step ----------------------------------------------------------------------------------------

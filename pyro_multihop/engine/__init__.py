@@ -14,8 +14,9 @@ implementations of one protocol (:mod:`.transitions`), and the query as the step
   and hop; used when ``S^2`` is large beside ``N^2`` (see :data:`SYMBOL_ROUTE_RATIO`) or when the gate has
   position-dependent terms (``scores is None``).
 
-Both run in probability space (:mod:`.posterior`); a row that would underflow there is recomputed by the
-log-space recursions of :mod:`.log_space` on its dense factors, so every row is exact to rounding.
+Both run in probability space (:mod:`.posterior`); a row that would underflow there is retried on its dense
+factors, normalised over its own positions in log space (:func:`~.transitions.dense_retries`), and recomputed by
+the log-space recursions of :mod:`.log_space` only if it underflows there too, so every row is exact to rounding.
 
 Memory: each query allocates its output, then processes as many rows at a time as keep the chunk's working
 tensors under the budget (:func:`get_memory_budget`, default :data:`DEFAULT_MEMORY_BUDGET` = 256 MiB, a

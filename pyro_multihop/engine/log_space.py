@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 
 from ..checks import check_positive_int
-from ..gate_ops import log_normalize
+from ..gate_ops import exp, log_normalize, logsumexp
 from .recursion import recurse
 
 __all__ = [
@@ -104,7 +104,7 @@ def _over(factors: torch.Tensor, step: LogStep):
 
 def _log_step(message: torch.Tensor, trans: torch.Tensor):
     """Log semiring: ``out[n, j] = logsumexp_i message[n, i] + trans[n, i, j]``; message ``(n, N)``."""
-    return torch.logsumexp(message.unsqueeze(-1) + trans, dim=-2), None
+    return logsumexp(message.unsqueeze(-1) + trans, -2), None
 
 
 def _top(scores: torch.Tensor, k: int, dim: int):
@@ -168,7 +168,7 @@ def chain_log_likelihood(chain: HopChain, log_emission: torch.Tensor) -> torch.T
         lands on position ``i``.
     :returns: ``(n,)``, differentiable.
     """
-    return torch.logsumexp(_log_forward_messages(chain)[-1] + log_emission, dim=-1)
+    return logsumexp(_log_forward_messages(chain)[-1] + log_emission, -1)
 
 
 def last_hop_prior(chain: HopChain) -> torch.Tensor:
@@ -180,11 +180,11 @@ def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> ChainPosteri
     """Forward-backward: log-likelihood, per-hop and pairwise posterior marginals, and the MAP path."""
     alphas = _log_forward_messages(chain)
     betas = _log_backward_messages(chain, log_emission)
-    log_likelihood = torch.logsumexp(alphas[-1] + log_emission, dim=-1)
+    log_likelihood = logsumexp(alphas[-1] + log_emission, -1)
     normaliser = log_likelihood.unsqueeze(-1)
-    hop_marginals = torch.stack([(a + b - normaliser).exp() for a, b in zip(alphas, betas)])
+    hop_marginals = torch.stack([exp(a + b - normaliser) for a, b in zip(alphas, betas)])
     pairwise = [
-        (alpha.unsqueeze(-1) + trans + beta.unsqueeze(-2) - normaliser.unsqueeze(-1)).exp()
+        exp(alpha.unsqueeze(-1) + trans + beta.unsqueeze(-2) - normaliser.unsqueeze(-1))
         for alpha, trans, beta in zip(alphas[:-1], chain.trans, betas[1:])
     ]
     n, N = chain.init.shape
@@ -267,7 +267,7 @@ def chain_sample_posterior(
 
 def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch.Generator]) -> torch.Tensor:
     """``num_draws`` independent draws ``(..., num_draws)`` from each row of unnormalised ``logits (..., N)``."""
-    return draw_by_inverse_cdf((logits - logits.amax(-1, keepdim=True)).exp(), num_draws, generator)
+    return draw_by_inverse_cdf(exp(logits - logits.amax(-1, keepdim=True)), num_draws, generator)
 
 
 def draw_by_inverse_cdf(weights: torch.Tensor, num_draws: int, generator: Optional[torch.Generator],
@@ -306,7 +306,7 @@ def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         alphas = _log_forward_messages(chain)
         log_posterior = log_normalize(alphas[-1] + log_emission)  # log p(z_L | target), (n, N)
-        posterior = log_posterior.exp()
+        posterior = exp(log_posterior)
         # The emission may hold -inf: take 0 log 0 = 0 explicitly.
         entropy = -torch.where(posterior > 0, posterior * log_posterior, torch.zeros_like(posterior)).sum(-1)
         for alpha, trans, alpha_next in zip(reversed(alphas[:-1]), reversed(chain.trans), reversed(alphas[1:])):
@@ -314,7 +314,7 @@ def chain_entropy(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
             # factors are finite, so it is too (0 log 0 never appears); in a column j of probability 0
             # (padding) it is meaningless but <= 0, and weighted by p(z_{l+1} = j | target) = 0.
             log_conditional = (alpha.unsqueeze(-1) + trans - alpha_next.unsqueeze(-2)).clamp_(max=0)
-            conditional = log_conditional.exp()
+            conditional = exp(log_conditional)
             column_entropy = -(conditional * log_conditional).sum(-2)  # H(z_l | z_{l+1} = j), (n, N_j)
             entropy += (column_entropy * posterior).sum(-1)
             posterior = torch.matmul(conditional, posterior.unsqueeze(-1)).squeeze(-1)  # p(z_l | target)

@@ -1,7 +1,8 @@
 """Queries over whole hop paths, on the probability-space routes: the MAP path and the k best paths by
 max-product and k-max product with rescaling, posterior samples by forward filtering and backward sampling
 over the forward messages, and the path entropy from the forward-backward messages; rows that underflow in
-probability space are recomputed in log space (:mod:`.log_space`), as for the marginals. :class:`HopPosterior`
+probability space are retried on their dense factors, then recomputed in log space (:mod:`.log_space`), as for
+the marginals. :class:`HopPosterior`
 is a head's posterior, with the path queries computed when first read."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .log_space import (
 from .posterior import posterior_chunk, rows_in_log_space, shifted_emission
 from .queries import posterior_marginals
 from .recursion import forward_messages, recurse, underflow_floor
-from .transitions import PositionTransitions, prepare, rows_per_chunk
+from .transitions import PositionTransitions, dense_retries, prepare, rows_per_chunk
 
 __all__ = ["HopPosterior", "dense_chunks", "map_paths", "sample_paths", "path_entropy", "k_best_paths"]
 
@@ -74,9 +75,11 @@ def _rescaled(step, floor: float):
 
 
 # -- MAP --------------------------------------------------------------------------------------------------------
-def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=None, emission=None) -> torch.Tensor:
+def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=None, emission=None,
+               budget=None) -> torch.Tensor:
     """The MAP paths of a chunk; ``prepared`` and ``emission`` (``shifted_emission``'s triple) when a
-    forward-backward pass on the same route already formed them."""
+    forward-backward pass on the same route already formed them. Rows that underflow are retried on the dense
+    route (:func:`~.transitions.dense_retries`), then recomputed in log space."""
     prepared = prepare(gates, chunk, route) if prepared is None else prepared
     transitions = prepared.transitions
     if emission is None or not given_target:
@@ -95,8 +98,12 @@ def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=
     paths = torch.stack(path, dim=-1)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
-        paths[bad] = chain_map_paths(chain, _log_space_emission(log_emission, given_target))
+        retries = dense_retries(gates, prepared, bad, budget)
+        for rows in retries:
+            paths[rows] = _map_chunk(gates, chunk[rows], "dense", given_target, budget=budget)
+        if not retries:
+            _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+            paths[bad] = chain_map_paths(chain, _log_space_emission(log_emission, given_target))
     return paths
 
 
@@ -107,7 +114,7 @@ def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True) -> t
     route = choose_route(gates, obs.context_len, max_product=True)
     with torch.no_grad():
         for part, chunk in _chunks(gates, obs, route, budget):
-            out[part] = _map_chunk(gates, chunk, route, given_target)
+            out[part] = _map_chunk(gates, chunk, route, given_target, budget=budget)
     return out
 
 
@@ -344,8 +351,12 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
         paths = torch.cat([paths, paths.new_zeros(c, k - values.shape[-1], L)], dim=-2)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
-        paths[bad], log_probs[bad] = chain_k_best(chain, log_emission, k)
+        retries = dense_retries(gates, prepared, bad, budget)
+        for rows in retries:
+            paths[rows], log_probs[rows] = _k_best_chunk(gates, chunk[rows], "dense", k, budget)
+        if not retries:
+            _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+            paths[bad], log_probs[bad] = chain_k_best(chain, log_emission, k)
     return paths, log_probs
 
 
@@ -371,7 +382,7 @@ def k_best_paths(gates: HopGates, obs, k: int, budget=None):
 
 
 # -- sampling ----------------------------------------------------------------------------------------------------
-def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generator):
+def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generator, budget=None):
     """``(num_samples, c, L)`` by forward filtering, backward sampling in probability space::
 
         z_L ~ alpha_L(z_L) p(target | z_L),    z_l | z_{l+1} = j  ~  alpha_l(z_l) P_l[z_l, j]
@@ -395,8 +406,12 @@ def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generato
     paths = torch.stack(path, dim=-1).transpose(0, 1)  # (s, c, L)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
-        paths[:, bad] = chain_sample_posterior(chain, log_emission, num_samples, generator)
+        retries = dense_retries(gates, prepared, bad, budget, extra=3 * num_samples * chunk.context_len)
+        for rows in retries:
+            paths[:, rows] = _sample_chunk(gates, chunk[rows], "dense", num_samples, generator, budget)
+        if not retries:
+            _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+            paths[:, bad] = chain_sample_posterior(chain, log_emission, num_samples, generator)
     return paths
 
 
@@ -408,7 +423,7 @@ def sample_paths(gates: HopGates, obs, num_samples: int, generator=None, budget=
     route = choose_route(gates, obs.context_len)
     with torch.no_grad():
         for part, chunk in _chunks(gates, obs, route, budget, extra=3 * num_samples * obs.context_len):
-            out[:, part] = _sample_chunk(gates, chunk, route, num_samples, generator)
+            out[:, part] = _sample_chunk(gates, chunk, route, num_samples, generator, budget)
     return out
 
 
@@ -426,16 +441,18 @@ def path_entropy(gates: HopGates, obs, budget=None, given_target: bool = True) -
     route = choose_route(gates, N, backward=True)
     with torch.no_grad():
         for part, chunk in _chunks(gates, obs, route, budget, extra=2 * N * N if route == "positions" else 0.0):
-            main, fallback = posterior_chunk(gates, chunk, route, given_target=given_target)
-            gamma = main.hop_marginals
-            entropy = -torch.xlogy(gamma[-1], gamma[-1]).sum(-1)
-            for hop in range(gates.n_hops - 1):
-                entropy += main.transitions.conditional_entropy(hop, main.alphas[hop], main.alphas[hop + 1], gamma[hop + 1])
-            rows = torch.arange(part.start, part.stop, device=entropy.device)
-            out[rows[main.rows]] = entropy
-            if fallback is not None:
-                log_emission = _log_space_emission(gates.target_log_probs(fallback.obs), given_target)
-                out[rows[fallback.rows]] = chain_entropy(gates.dense_chain(fallback.obs), log_emission)
+            rows = torch.arange(part.start, part.stop, device=out.device)
+            for piece in posterior_chunk(gates, chunk, route, given_target=given_target, budget=budget):
+                if piece.route == "log":
+                    log_emission = _log_space_emission(gates.target_log_probs(piece.obs), given_target)
+                    out[rows[piece.rows]] = chain_entropy(gates.dense_chain(piece.obs), log_emission)
+                    continue
+                gamma = piece.hop_marginals
+                entropy = -torch.xlogy(gamma[-1], gamma[-1]).sum(-1)
+                for hop in range(gates.n_hops - 1):
+                    entropy += piece.transitions.conditional_entropy(hop, piece.alphas[hop], piece.alphas[hop + 1],
+                                                                     gamma[hop + 1])
+                out[rows[piece.rows]] = entropy
     return out
 
 
@@ -479,7 +496,7 @@ class HopPosterior:
         out = torch.empty(len(self.obs), self.gates.n_hops, dtype=torch.long, device=self.gates.log_emission.device)
         with torch.no_grad():
             for part, prepared, emission in self._prepared:
-                out[part] = _map_chunk(self.gates, prepared.obs, self._route, True, prepared, emission)
+                out[part] = _map_chunk(self.gates, prepared.obs, self._route, True, prepared, emission, self.budget)
         done = self._prepared[-1][0].stop
         if done < len(self.obs):
             out[done:] = map_paths(self.gates, self.obs[done:], self.budget)

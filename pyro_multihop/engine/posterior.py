@@ -1,11 +1,13 @@
-"""Forward-backward over chunks of rows in probability space, with the log-space recompute of the rows that
-underflow: the source of the marginals, the EM statistics and the path queries.
+"""Forward-backward over chunks of rows in probability space, with the retry of the rows that underflow on their
+dense factors, and the log-space recompute of those that underflow there too: the source of the marginals, the
+EM statistics and the path queries.
 
 Forward messages are distributions (transitions are row-stochastic), backward messages are rescaled to a row
 maximum of 1 at every hop, and the emission is shifted by its row maximum. A row whose sums would fall below
 :func:`~.recursion.underflow_floor` in that form (an underflowing normaliser ``R``, message or likelihood;
-tiny ``sigma2`` with far-apart keys) is recomputed by the log-space recursions of :mod:`.log_space` on its
-dense factors, so every row is exact to rounding.
+tiny ``sigma2`` with far-apart keys) is retried on its dense factors, normalised over the row's own positions in
+log space (:func:`~.transitions.dense_retries`); a row that underflows there too is recomputed by the log-space
+recursions of :mod:`.log_space`, so every row is exact to rounding.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from .budget import device_chunk, row_slices
 from .hop_gates import HopGates, choose_route
 from .log_space import HopChain, chain_posterior
 from .recursion import backward_messages, forward_messages, underflow_floor
-from .transitions import PreparedChunk, Transitions, key_statistics_from_pairwise, prepare, rows_per_chunk
+from .transitions import (
+    PreparedChunk,
+    Transitions,
+    dense_retries,
+    key_statistics_from_pairwise,
+    prepare,
+    rows_per_chunk,
+)
 
 __all__ = ["ChunkPosterior", "forward_backward_chunks", "posterior_chunk", "shifted_emission", "rows_in_log_space"]
 
@@ -29,7 +38,8 @@ class ChunkPosterior:
 
     :ivar rows: LongTensor, the chunk's rows in the data. :ivar obs: the chunk (on the gates' device).
     :ivar log_likelihood: ``(c,)``.
-    :ivar route: ``"symbols"``, ``"positions"`` or ``"log"`` (the log-space recompute of failing rows).
+    :ivar route: ``"symbols"``, ``"positions"``, ``"dense"`` (the retry of rows that underflow on either, on their
+        dense factors) or ``"log"`` (the log-space recompute of rows that underflow there too).
     :ivar alphas, betas: per hop ``(c, N)`` prior and (rescaled) backward messages (not for ``"log"``).
     :ivar totals: per hop ``(c,)``, ``sum_i alpha[l][i] beta[l][i]`` (the normaliser of hop ``l``'s marginal).
     :ivar transitions: the route's :class:`~.transitions.Transitions` (not for ``"log"``).
@@ -98,10 +108,14 @@ def rows_in_log_space(gates: HopGates, prepared: PreparedChunk, rows: torch.Tens
     return sub, chain, gates.target_log_probs(sub)
 
 
-def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, given_target: bool = True):
-    """Forward-backward of one chunk: ``(ChunkPosterior of the rows computed in probability space,
-    ChunkPosterior of the failing rows in log space or None)``; row indices relative to the chunk. With
-    ``given_target=False`` the emission is 1 everywhere (the posterior is the prior chain)."""
+def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, given_target: bool = True,
+                    budget=None) -> List[ChunkPosterior]:
+    """Forward-backward of one chunk: a list of :class:`ChunkPosterior` covering its rows once (row indices
+    relative to the chunk). The first holds the rows computed in probability space on ``route`` (with the whole
+    chunk's ``prepared`` and ``emission``); the rows that underflow there follow, retried on the ``"dense"`` route
+    (:func:`~.transitions.dense_retries`), and the rows that underflow on their dense factors too come last, in
+    log space (route ``"log"``). With ``given_target=False`` the emission is 1 everywhere (the posterior is the
+    prior chain)."""
     L = gates.n_hops
     prepared = prepare(gates, chunk, route)
     alphas = forward_messages(prepared.transitions, prepared.init, L)
@@ -134,15 +148,25 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
                           totals[-1].log() + keep(shift), route, alphas, betas, totals, transitions, pair,
                           prepared=prepared, emission=(emission, shift, ok_emission) if given_target else None)
     if good is None:
-        return main, None
+        return [main]
     bad = (~ok).nonzero().squeeze(-1)
+    pairwise_elements = (L - 1) * chunk.context_len**2 if pairwise else 0.0
+    retries = dense_retries(gates, prepared, bad, budget, extra=pairwise_elements)
+    if retries:
+        pieces = [main]
+        for rows in retries:
+            for piece in posterior_chunk(gates, chunk[rows], "dense", pairwise, given_target, budget):
+                # rows of this chunk; a retry's prepared sub-chunk is not the chunk's, and is not kept for later reads
+                piece.rows, piece.prepared, piece.emission = rows[piece.rows], None, None
+                pieces.append(piece)
+        return pieces
     sub, chain, log_emission = rows_in_log_space(gates, prepared, bad)
     if not given_target:
         log_emission = torch.zeros_like(log_emission)
     exact = chain_posterior(chain, log_emission)
     fallback = ChunkPosterior(bad, sub, exact.log_likelihood, "log", pairwise=exact.pairwise_marginals,
                               hop_marginals=exact.hop_marginals)
-    return main, fallback
+    return [main, fallback]
 
 
 def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = False, route=None,
@@ -150,8 +174,10 @@ def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = 
     """Yield :class:`ChunkPosterior` objects covering every row of ``obs`` once (the E-step's source).
 
     Rows of a chunk that the probability-space route computes are yielded in one object (``route`` =
-    ``"symbols"``/``"positions"``, with messages), the rest in a second (``route = "log"``, with pairwise
-    marginals). Their ``rows`` index ``obs``.
+    ``"symbols"``/``"positions"``, with messages), the rows that underflow there in more: retried on their dense
+    factors (``route = "dense"``, with messages, in sub-chunks under the budget), and those that underflow there
+    too recomputed in log space (``route = "log"``, with pairwise marginals). Their ``rows`` index ``obs``; only
+    the first object of a chunk has ``part``, ``prepared`` and ``emission``.
 
     :param route: force ``"symbols"`` or ``"positions"`` (default :func:`~.hop_gates.choose_route`).
     :param rows: rows per chunk (default: as many as the budget allows).
@@ -166,10 +192,9 @@ def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = 
     with torch.no_grad():
         for part in row_slices(n, rows_per):
             chunk = device_chunk(obs, part, device)
-            main, fallback = posterior_chunk(gates, chunk, route, pairwise)
             offset = torch.arange(part.start, part.stop, device=device)
-            main.rows, main.part = offset[main.rows], part
-            yield main
-            if fallback is not None:
-                fallback.rows = offset[fallback.rows]
-                yield fallback
+            for index, piece in enumerate(posterior_chunk(gates, chunk, route, pairwise, budget=budget)):
+                piece.rows = offset[piece.rows]
+                if index == 0:
+                    piece.part = part
+                yield piece

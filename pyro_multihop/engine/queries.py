@@ -12,7 +12,7 @@ from .log_space import chain_log_likelihood
 from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
 from .recursion import forward_messages, underflow_floor
 from .symbol_likelihood import key_table_symbol_route_total, symbol_route_total, takes_key_tables
-from .transitions import PreparedChunk, prepare, rows_per_chunk
+from .transitions import PreparedChunk, dense_retries, prepare, rows_per_chunk
 
 __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
            "value_marginals"]
@@ -25,8 +25,9 @@ __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_margin
 CLOSED_FORM_MIN_SYMBOLS = 256
 
 
-def _log_likelihood_chunk(gates: HopGates, chunk, route: str) -> torch.Tensor:
-    """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows recomputed in log space. On the
+def _log_likelihood_chunk(gates: HopGates, chunk, route: str, budget=None) -> torch.Tensor:
+    """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows retried on the dense route
+    (:func:`~.transitions.dense_retries`), then recomputed in log space. On the
     symbol route with gradients, the total's gradient comes from the forward-backward messages
     (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
     directly, else from the score tables' transition weights."""
@@ -53,6 +54,10 @@ def _log_likelihood_chunk(gates: HopGates, chunk, route: str) -> torch.Tensor:
     if ok.all():
         return result
     bad = (~ok).nonzero().squeeze(-1)
+    retries = dense_retries(gates, prepared, bad, budget)
+    if retries:
+        retried = [_log_likelihood_chunk(gates, chunk[rows], "dense", budget) for rows in retries]
+        return result.index_put((bad,), torch.cat(retried))
     _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
     return result.index_put((bad,), chain_log_likelihood(chain, log_emission))
 
@@ -67,7 +72,7 @@ def log_likelihood(gates: HopGates, obs, budget=None) -> torch.Tensor:
     # Concatenated, not written into a preallocated output, so that the result keeps every chunk's graph
     # whenever any input of the gates requires grad.
     parts = row_slices(n, rows) if n else [slice(0, 0)]  # an empty shard still gives a (0,) result
-    return torch.cat([_log_likelihood_chunk(gates, device_chunk(obs, part, device), route) for part in parts])
+    return torch.cat([_log_likelihood_chunk(gates, device_chunk(obs, part, device), route, budget) for part in parts])
 
 
 def predict_proba(gates: HopGates, obs, budget=None) -> torch.Tensor:
@@ -82,16 +87,26 @@ def predict_proba(gates: HopGates, obs, budget=None) -> torch.Tensor:
     rows = rows_per_chunk(gates, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
     out = emission.new_empty(n, T)
     for part in row_slices(n, rows):
-        chunk = device_chunk(obs, part, device)
-        prepared = prepare(gates, chunk, route)
-        alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]  # (c, N) p(z_L = i)
-        if gates.position_emission is not None:
-            out[part] = torch.bmm(alpha.unsqueeze(-2), gates.position_emission(chunk).exp()).squeeze(-2)
-        elif by_symbol:
-            weights = alpha.new_zeros(len(chunk), S).scatter_add_(1, chunk.values, alpha)
-            out[part] = weights @ emission
-        else:
-            out[part] = torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
+        out[part] = _predict_chunk(gates, device_chunk(obs, part, device), route, emission, by_symbol, budget)
+    return out
+
+
+def _predict_chunk(gates: HopGates, chunk, route: str, emission: torch.Tensor, by_symbol: bool, budget=None):
+    """``(c, T)``: :func:`predict_proba` of one chunk; rows whose transitions underflow retried on the dense route
+    (:func:`~.transitions.dense_retries`), whose transitions never do."""
+    prepared = prepare(gates, chunk, route)
+    alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]  # (c, N) p(z_L = i)
+    if gates.position_emission is not None:
+        out = torch.bmm(alpha.unsqueeze(-2), gates.position_emission(chunk).exp()).squeeze(-2)
+    elif by_symbol:
+        out = alpha.new_zeros(len(chunk), emission.shape[0]).scatter_add_(1, chunk.values, alpha) @ emission
+    else:
+        out = torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
+    ok = prepared.transitions.ok
+    if not ok.all():
+        bad = (~ok).nonzero().squeeze(-1)
+        for rows in dense_retries(gates, prepared, bad, budget):
+            out[rows] = _predict_chunk(gates, chunk[rows], "dense", emission, by_symbol, budget)
     return out
 
 

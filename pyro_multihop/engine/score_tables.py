@@ -134,7 +134,8 @@ class _QueryKeyTables(torch.autograd.Function):
 
 class _KeyTableGather(torch.autograd.Function):
     """``(K[rows, cols] - half_norms[rows]) / sigma2`` for the key tables viewed as ``(L S, S)`` (row ``l S + k``,
-    column ``q``; ``half_norms (L, S)``, ``||K[l, k]||^2 / 2``, given without gradient). Backward:
+    column ``q``, ``rows`` and ``cols`` broadcast; ``half_norms (L, S)``, ``||K[l, k]||^2 / 2``, given without
+    gradient). The norms are read at the rows' own shape and broadcast, not gathered per entry. Backward:
     ``dK[l, k, q] = (G[l, k, q] - K[l, k, q] sum_q' G[l, k, q']) / sigma2`` with ``G`` the scattered gradient: one
     zero fill, a scatter of the entries, and one pass over the hops the rows reach (the norms' term formed in
     place rather than as a second full-size gradient that autograd would then add)."""
@@ -143,21 +144,21 @@ class _KeyTableGather(torch.autograd.Function):
     def forward(ctx, key_tables, rows, cols, half_norms, sigma2):
         shape = torch.broadcast_shapes(rows.shape, cols.shape)
         index = (rows * key_tables.shape[-1] + cols).reshape(-1)
-        rows = rows.expand(shape).reshape(-1)
         ctx.save_for_backward(key_tables, index, rows)
         ctx.sigma2 = sigma2
-        picked = key_tables.reshape(-1).index_select(0, index)
-        norms = half_norms.reshape(-1).index_select(0, rows)
-        return picked.sub_(norms).div_(sigma2).view(shape)
+        picked = key_tables.reshape(-1).index_select(0, index).view(shape)
+        norms = half_norms.reshape(-1).index_select(0, rows.reshape(-1)).view(rows.shape)
+        return picked.sub_(norms).div_(sigma2)
 
     @staticmethod
     def backward(ctx, grad):
         key_tables, index, rows = ctx.saved_tensors
         L, S = key_tables.shape[0], key_tables.shape[-1]
-        scaled = grad.reshape(-1) / ctx.sigma2
-        grad_tables = scaled.new_zeros(key_tables.shape).view(-1).index_add_(0, index, scaled)
+        scaled = grad / ctx.sigma2
+        grad_tables = scaled.new_zeros(key_tables.shape).view(-1).index_add_(0, index, scaled.reshape(-1))
         grad_tables = grad_tables.view(key_tables.shape)
-        row_sums = scaled.new_zeros(L, S).view(-1).index_add_(0, rows, scaled).view(L, S)
+        by_row = scaled.sum_to_size(rows.shape).reshape(-1)  # summed over the dims the rows broadcast along
+        row_sums = scaled.new_zeros(L, S).view(-1).index_add_(0, rows.reshape(-1), by_row).view(L, S)
         for hop in row_sums.ne(0).any(-1).nonzero().flatten().tolist():
             grad_tables[hop].addcmul_(key_tables[hop], row_sums[hop].unsqueeze(-1), value=-1.0)
         return grad_tables, None, None, None, None

@@ -22,8 +22,8 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from ..gate_ops import flat_gather, small_flat_index
-from .budget import rows_within_budget
+from ..gate_ops import exp, flat_gather, small_flat_index
+from .budget import row_slices, rows_within_budget
 from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
 from .log_space import HopChain
 from .recursion import underflow_floor
@@ -34,6 +34,7 @@ __all__ = [
     "PositionTransitions",
     "PreparedChunk",
     "prepare",
+    "dense_retries",
     "rows_per_chunk",
     "key_statistics_from_pairwise",
 ]
@@ -55,8 +56,8 @@ class Transitions:
     :meth:`matrix`; the other methods have generic versions built on :meth:`matrix` (``O(N^2)`` per row and
     hop) that an implementation may replace.
 
-    :ivar ok: ``(c,)`` bool, rows whose transitions are representable in probability space (the others are
-        recomputed in log space by the caller).
+    :ivar ok: ``(c,)`` bool, rows whose transitions are representable in probability space (the caller retries
+        the others on their dense factors, :func:`dense_retries`).
     :ivar keys, values: ``(c, N)`` symbols of the chunk, or None (a gate without symbol tables).
     :ivar num_symbols: ``S`` (for :meth:`key_statistics`).
     """
@@ -375,7 +376,7 @@ class PositionTransitions(Transitions):
     def from_chain(cls, chain: HopChain, chunk, num_symbols: int) -> "PositionTransitions":
         ok = torch.ones(len(chunk), dtype=torch.bool, device=chain.init.device)
         keys, values = (chunk.keys, chunk.values) if hasattr(chunk, "keys") else (None, None)
-        return cls(list(chain.trans.exp().unbind(0)), None, ok, keys, values, num_symbols)
+        return cls(list(exp(chain.trans).unbind(0)), None, ok, keys, values, num_symbols)
 
     @classmethod
     def from_scores(cls, gates: HopGates, chunk) -> "PositionTransitions":
@@ -428,7 +429,9 @@ class PreparedChunk(NamedTuple):
 
 
 def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
-    """The first-hop distribution and the transitions of ``chunk`` on ``route``.
+    """The first-hop distribution and the transitions of ``chunk`` on ``route``: ``"symbols"``, ``"positions"``,
+    or ``"dense"``, the position route on the dense log factors, whose transitions are normalised in log space
+    (the retry of rows that underflow on the other two, see :func:`dense_retries`).
 
     On the position route with score tables, a chunk whose ``c N^2`` pairs are fewer than the ``S^2`` entries
     of a table gathers its logits before exponentiating them (:func:`~.hop_gates.chain_from_scores`), rather
@@ -437,7 +440,9 @@ def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
     if route == "symbols":
         transitions = SymbolTransitions.build(gates, chunk)  # first: the first hop then reads the whole tables
         return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
-    if gates.score_tables is not None:
+    if route == "dense":
+        chain = gates.dense_chain(chunk)
+    elif gates.score_tables is not None:
         S, N = gates.score_tables.num_symbols, chunk.context_len
         if gates.n_hops == 1 or len(chunk) * N * N >= S * S:
             transitions = PositionTransitions.from_scores(gates, chunk)
@@ -447,6 +452,35 @@ def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
         chain = gates.dense_chain(chunk)
     transitions = PositionTransitions.from_chain(chain, chunk, gates.num_symbols)
     return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
+
+
+def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
+                  extra: float = 0.0) -> list:
+    """Slices (LongTensors of chunk rows) of a chunk's failing ``rows`` for a retry on the ``"dense"`` route, in
+    sub-chunks whose dense factors (and ``extra`` elements a row) fit in the memory budget and hold at most
+    :data:`DENSE_RETRY_ELEMENTS` entries a factor; none when the chunk's transitions already came from its dense
+    factors (its failing rows then go to log space).
+
+    Probability space fails where a sum falls below :func:`~.recursion.underflow_floor`. On the symbol route and
+    on the position route from score tables that is mostly a row's normaliser ``R[v] = sum_j E[v, key_j]``: the
+    weights ``E`` are shifted by each query's maximum over all ``S`` keys, and with sharp gates (small
+    ``sigma2``) a context holding none of the keys near that maximum has every ``E[v, key_j]`` underflow. The
+    dense factors are normalised over the row's own positions in log space, so those rows go through in
+    probability space, 1.4-2x faster than the log-space recursions (1.6-2.9x for a loss and its gradient; the
+    ``sharp`` section of ``benchmarks/engine.py``); only a row whose messages or likelihood underflow there too
+    is recomputed in log space.
+    """
+    if prepared.chain is not None or len(rows) == 0:
+        return []
+    N, elements = prepared.obs.context_len, DENSE_RETRY_ELEMENTS
+    per = min(rows_per_chunk(gates, N, "positions", budget, extra), max(1, elements // (N * N)))
+    return [rows[part] for part in row_slices(len(rows), per)]
+
+
+#: Entries of one ``(c, N, N)`` factor of a dense retry's sub-chunk, at most: 4 MB in float32. On glibc, a freed
+#: buffer above the mmap threshold (32 MB at most) goes back to the kernel and is page-faulted in again on its
+#: next use; at 200 rows of 300 positions, sub-chunks of 13 rows took the likelihood from about 650 to 260 ms.
+DENSE_RETRY_ELEMENTS = 2**20
 
 
 def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: float = 0.0) -> float:

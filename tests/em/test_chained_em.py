@@ -4,6 +4,7 @@ additivity, weights, padding, dtypes, the fit loop, and the transitive task."""
 import doctest
 import logging
 import math
+import re
 
 import oracle
 import pytest
@@ -102,14 +103,35 @@ def test_log_likelihood_is_the_models(hops):
 
 
 @HOPS
-def test_underflowing_gates_fall_back_to_log_space(hops, caplog):
+def test_underflowing_gates_are_retried_on_their_dense_factors(hops, caplog):
     # sigma2 = 1e-3 with keys of norm ~5: symbol-space gate weights exp(-10^4) underflow even in float64.
     head = random_head(hops, seed=30, sigma2=1e-3, scale=2.0)
     obs = random_obs(n=8, seed=31, masked=True)
     caplog.set_level(logging.DEBUG, logger=em_module.__name__)
     stats = em_for(head, route="symbols").e_step(head, obs)
     if hops > 1:
-        assert "fall back to log space" in caplog.text
+        assert "retried on their dense factors" in caplog.text
+    numerators, masses, counts, loglik = brute_force_stats(head, obs)
+    assert torch.allclose(stats.key_numerators, numerators, atol=1e-10)
+    assert torch.allclose(stats.key_masses, masses, atol=1e-10)
+    assert torch.allclose(stats.emission_counts, counts, atol=1e-10)
+    assert stats.loglik == pytest.approx(loglik, rel=1e-10)
+
+
+@ROUTE
+@pytest.mark.parametrize("hops", [2, 3], ids=lambda h: f"L={h}")
+def test_rows_underflowing_on_their_dense_factors_too_fall_back_to_log_space(route, hops, caplog):
+    """An emission whose target probabilities differ by e^700 across values (beyond float64's range of sums): a
+    sharp last hop that attends a position of the wrong value leaves the likelihood below the underflow floor on
+    the dense factors too, and the row goes to log space; the statistics stay exact."""
+    keys = random_head(hops, seed=30, sigma2=1e-3, scale=2.0).key_tables.detach()
+    log_emission = torch.where(torch.arange(S).unsqueeze(-1) % T == torch.arange(T), 0.0, -700.0).double()
+    head = ChainedAttention(hops, S, T, sigma2=1e-3, key_tables=keys, emission=log_emission.softmax(-1))
+    obs = random_obs(n=8, seed=31, masked=True)
+    caplog.set_level(logging.DEBUG, logger=em_module.__name__)
+    stats = em_for(head, route=route).e_step(head, obs)
+    retried, in_log_space = map(int, re.search(r"(\d+) observations retried .*, (\d+) more", caplog.text).groups())
+    assert retried > 0 and in_log_space > 0
     numerators, masses, counts, loglik = brute_force_stats(head, obs)
     assert torch.allclose(stats.key_numerators, numerators, atol=1e-10)
     assert torch.allclose(stats.key_masses, masses, atol=1e-10)
