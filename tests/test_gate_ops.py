@@ -1,9 +1,10 @@
 """The gate primitives against the plain torch operations they replace."""
 
+import math
 import pytest
 import torch
 
-from pyro_multihop.gate_ops import SHORT_ROW, flat_gather, log_normalize, table_gather
+from pyro_multihop.gate_ops import SHORT_ROW, exp, flat_gather, log_normalize, logsumexp, table_gather
 from pyro_multihop.engine.log_space import MASKED_LOGIT
 
 
@@ -74,3 +75,48 @@ def test_flat_gather_equals_flat_indexing_and_its_gradient(index_dtype):
     assert (expected_grad != 0).sum() > 20
     with torch.no_grad():
         assert torch.equal(flat_gather(table, index.to(index_dtype)), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_exp_through_exp2_is_exp_within_its_bound_and_zero_below_range(dtype):
+    """``gate_ops.exp`` against ``math.exp`` in float64 (the exact value of each input): relative error at most
+    ``(|x| + 2) eps``, so absolute error below ``eps`` for ``x <= 0``; underflow, padding and ``-inf`` give 0, and
+    the gradient is the value."""
+    eps = torch.finfo(dtype).eps
+    x = torch.cat([torch.linspace(-80, 0, 2001, dtype=torch.float64), torch.tensor([-1e3, MASKED_LOGIT, -math.inf],
+                                                                                 dtype=torch.float64)]).to(dtype)
+    x.requires_grad_(True)
+    got = exp(x)
+    want = torch.tensor([math.exp(v) if v > -745 else 0.0 for v in x.detach().double().tolist()], dtype=torch.float64)
+    finite = want > 0
+    relative = (got.detach().double()[finite] - want[finite]).abs() / want[finite]
+    assert (relative <= (x.detach().double()[finite].abs() + 2) * eps).all()
+    assert (got.detach()[-3:] == 0).all()
+    (grad,) = torch.autograd.grad(got.sum(), x)
+    assert torch.allclose(grad, got.detach(), rtol=4 * eps, atol=0)
+    out = torch.empty_like(x.detach())
+    assert exp(x.detach(), out=out) is out and torch.equal(out, got.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_logsumexp_equals_torch_logsumexp_and_its_gradient(dtype, keepdim):
+    generator = torch.Generator().manual_seed(3)
+    x = (300 * torch.randn(5, 6, 7, generator=generator)).to(dtype)  # sharp: most terms far below the maximum
+    x[0, :3, 2] = MASKED_LOGIT  # padding beside real entries
+    x[1, 0, :] = -math.inf  # a slice of -inf along the last dim
+    x[2, :, 3] = -math.inf  # one along the middle dim
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    for dim in (-1, -2):
+        leaf = x.clone().requires_grad_(True)
+        got, want = logsumexp(leaf, dim, keepdim), torch.logsumexp(leaf, dim, keepdim)
+        assert got.shape == want.shape
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        finite = torch.isfinite(want)
+        assert torch.allclose(got[finite], want[finite], rtol=tolerance, atol=0)
+        weights = torch.randn(want.shape, generator=generator).to(dtype)
+        (got_grad,) = torch.autograd.grad((torch.where(finite, got, 0) * weights).sum(), leaf)
+        leaf_again = x.clone().requires_grad_(True)
+        want_again = torch.logsumexp(leaf_again, dim, keepdim)
+        (want_grad,) = torch.autograd.grad((torch.where(finite, want_again, 0) * weights).sum(), leaf_again)
+        assert torch.allclose(got_grad, want_grad, rtol=tolerance, atol=tolerance, equal_nan=True)
