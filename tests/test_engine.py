@@ -110,7 +110,10 @@ def test_underflowing_rows_are_retried_on_dense_factors_then_in_log_space(kind, 
 @ROUTES
 def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch):
     """The differentiable log-likelihood of either route (underflowing rows included) has the gradient of the
-    plain log-space forward recursion on the head's dense chain."""
+    plain log-space forward recursion on the head's dense chain. With sigma2 = 1e-3 the logits are some 1e4 and
+    their gradient is scaled by 1 / sigma2: float64 rounding (eps 1e4 / sigma2, about 1e-9) is the reference's own
+    error there, where a true gradient is 0 (a row attending two positions of one key half and half), and the
+    dense retry's softmax (not log_softmax then exp) does not repeat it: compared to 1e-8 there."""
     from pyro_multihop.engine.log_space import chain_log_likelihood
 
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
@@ -122,12 +125,13 @@ def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch)
         log_emission = head.log_emission[obs.values, obs.target.unsqueeze(-1)]
         reference = chain_log_likelihood(head.hop_chain(obs), log_emission).sum()
         reference_grads = torch.autograd.grad(reference, parameters, allow_unused=True)
+        tolerance = 1e-9 if sigma2 > 0.1 else 1e-8
         for got, want in zip(engine_grads, reference_grads):
             if want is None:  # the tied head's posterior scale: plug-in queries use the posterior means only
                 assert got is None
                 continue
             assert torch.isfinite(got).all()
-            assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
+            assert torch.allclose(got, want, rtol=tolerance, atol=tolerance)
 
 
 @HEADS

@@ -289,7 +289,8 @@ class KeyTableScores(ScoreTables):
         first_rows, first_cols = self._rows(0, obs.keys), obs.query.unsqueeze(-1)
         later_rows, later_cols = self._later_pairs(obs.values, obs.keys)
         later_shape = torch.broadcast_shapes(later_rows.shape, later_cols.shape)
-        if obs.keys.numel() + later_shape.numel() >= self.key_tables.numel():  # from the whole table
+        if not self._differentiable() or obs.keys.numel() + later_shape.numel() >= self.key_tables.numel():
+            # without gradient, two gathers on the broadcast rows beat one on concatenated, expanded copies
             return self._gather_rows(first_rows, first_cols), self._gather_rows(later_rows, later_cols)
         # One gather for the first hop and the later ones: one zero fill of the tables' size in the backward.
         rows = torch.cat([first_rows.reshape(-1), later_rows.expand(later_shape).reshape(-1)])

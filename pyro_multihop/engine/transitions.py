@@ -25,7 +25,7 @@ import torch
 from ..gate_ops import exp, flat_gather, small_flat_index
 from .budget import row_slices, rows_within_budget
 from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
-from .log_space import HopChain
+from .log_space import MASKED_LOGIT, HopChain
 from .recursion import underflow_floor
 
 __all__ = [
@@ -426,6 +426,7 @@ class PreparedChunk(NamedTuple):
     init: torch.Tensor  # (c, N) p(z_1 = i)
     transitions: Transitions
     chain: Optional[HopChain]  # the dense log factors when the route built them, else None
+    normalised: bool = False  # transitions normalised over each row's own positions (the dense route): no retry
 
 
 def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
@@ -440,6 +441,14 @@ def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
     if route == "symbols":
         transitions = SymbolTransitions.build(gates, chunk)  # first: the first hop then reads the whole tables
         return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
+    if route == "dense" and gates.score_tables is not None:
+        # softmax, not log_softmax then exp: one pass, and torch's softmax has no slow path where entries underflow
+        first, later = gates.score_tables.chain_logits(chunk)
+        pair_mask = None if chunk.mask is None else chunk.mask.unsqueeze(-2)
+        weights = list(_masked_softmax(later, pair_mask).unbind(0))
+        ok = torch.ones(len(chunk), dtype=torch.bool, device=first.device)
+        transitions = PositionTransitions(weights, None, ok, chunk.keys, chunk.values, gates.num_symbols)
+        return PreparedChunk(chunk, _masked_softmax(first, chunk.mask), transitions, None, normalised=True)
     if route == "dense":
         chain = gates.dense_chain(chunk)
     elif gates.score_tables is not None:
@@ -452,6 +461,11 @@ def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
         chain = gates.dense_chain(chunk)
     transitions = PositionTransitions.from_chain(chain, chunk, gates.num_symbols)
     return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
+
+
+def _masked_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``softmax`` over the last dim, positions where ``mask`` is False given probability 0."""
+    return (logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)).softmax(-1)
 
 
 def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
@@ -470,7 +484,7 @@ def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, 
     ``sharp`` section of ``benchmarks/engine.py``); only a row whose messages or likelihood underflow there too
     is recomputed in log space.
     """
-    if prepared.chain is not None or len(rows) == 0:
+    if prepared.chain is not None or prepared.normalised or len(rows) == 0:
         return []
     N, elements = prepared.obs.context_len, DENSE_RETRY_ELEMENTS
     per = min(rows_per_chunk(gates, N, "positions", budget, extra), max(1, elements // (N * N)))
