@@ -37,8 +37,8 @@ The E-step never builds an ``(n, N, N, S)`` tensor. Its statistics come from the
   route when ``S`` is much larger than ``N``).
 
 Both run in probability space with rescaled messages; an observation that would underflow there (tiny
-``sigma2`` with far-apart key tables) is retried on its dense factors, normalised in log space, and recomputed in
-log space by the engine only if it underflows there too. Both give the same
+``sigma2`` with far-apart key tables) is retried on its dense factors, normalised over its own
+positions, and recomputed in log space by the engine only if it underflows there too. Both give the same
 statistics. Work is chunked over observations under the engine's memory budget
 (:func:`pyro_multihop.engine.get_memory_budget`).
 """

@@ -15,7 +15,7 @@ implementations of one protocol (:mod:`.transitions`), and the query as the step
   position-dependent terms (``scores is None``).
 
 Both run in probability space (:mod:`.posterior`); a row that would underflow there is retried on its dense
-factors, normalised over its own positions in log space (:func:`~.transitions.dense_retries`), and recomputed by
+factors, normalised over its own positions (:func:`~.transitions.dense_retries`), and recomputed by
 the log-space recursions of :mod:`.log_space` only if it underflows there too, so every row is exact to rounding.
 
 Memory: each query allocates its output, then processes as many rows at a time as keep the chunk's working

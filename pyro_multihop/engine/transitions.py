@@ -431,8 +431,9 @@ class PreparedChunk(NamedTuple):
 
 def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
     """The first-hop distribution and the transitions of ``chunk`` on ``route``: ``"symbols"``, ``"positions"``,
-    or ``"dense"``, the position route on the dense log factors, whose transitions are normalised in log space
-    (the retry of rows that underflow on the other two, see :func:`dense_retries`).
+    or ``"dense"``, the position route on each row's own logits, every transition normalised over the row's
+    positions by a softmax (the retry of rows that underflow on the other two, see :func:`dense_retries`; a
+    gate without score tables exponentiates its dense log factors).
 
     On the position route with score tables, a chunk whose ``c N^2`` pairs are fewer than the ``S^2`` entries
     of a table gathers its logits before exponentiating them (:func:`~.hop_gates.chain_from_scores`), rather
@@ -479,8 +480,8 @@ def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, 
     on the position route from score tables that is mostly a row's normaliser ``R[v] = sum_j E[v, key_j]``: the
     weights ``E`` are shifted by each query's maximum over all ``S`` keys, and with sharp gates (small
     ``sigma2``) a context holding none of the keys near that maximum has every ``E[v, key_j]`` underflow. The
-    dense factors are normalised over the row's own positions in log space, so those rows go through in
-    probability space, 1.4-2x faster than the log-space recursions (1.6-2.9x for a loss and its gradient; the
+    dense factors are normalised over the row's own positions (a softmax), so those rows go through in
+    probability space, up to 2.7x faster than the log-space recursions (2x for a loss and its gradient; the
     ``sharp`` section of ``benchmarks/engine.py``); only a row whose messages or likelihood underflow there too
     is recomputed in log space.
     """
