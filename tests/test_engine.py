@@ -105,6 +105,22 @@ def test_underflowing_rows_are_retried_on_dense_factors_then_in_log_space(kind, 
     assert torch.allclose(head.predict_proba(obs), expected["predictive"], atol=1e-10)
 
 
+@ROUTES
+def test_long_underflowing_rows_are_retried_exactly(ratio, monkeypatch):
+    """Rows of 20 positions (at least SHORT_ROW: the dense retry's softmax kernel rather than its short-row form),
+    sigma2 = 1e-3, padded: the likelihood, marginals, predictive and MAP paths against brute force over the
+    400 paths of a row."""
+    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    head = make_head("chained", 2, seed=24, sigma2=1e-3, scale=2.0)
+    obs = random_obs(n=5, seed=25, masked=True, context=20)
+    assert "dense" in routes_taken(head, obs)
+    expected = brute_force(head, obs)
+    assert torch.allclose(head.log_likelihood(obs), expected["log_likelihood"], rtol=1e-10)
+    assert torch.allclose(head.hop_marginals(obs), expected["hop_marginals"], atol=1e-10)
+    assert torch.allclose(head.predict_proba(obs), expected["predictive"], atol=1e-10)
+    assert_map_paths_are_most_probable(head.map_paths(obs), exact_path_posterior(head, obs), 1e-9)
+
+
 @HEADS
 @HOPS
 @ROUTES

@@ -2,8 +2,7 @@
 max-product and k-max product with rescaling, posterior samples by forward filtering and backward sampling
 over the forward messages, and the path entropy from the forward-backward messages; rows that underflow in
 probability space are retried on their dense factors, then recomputed in log space (:mod:`.log_space`), as for
-the marginals. :class:`HopPosterior`
-is a head's posterior, with the path queries computed when first read."""
+the marginals. :class:`HopPosterior` is a head's posterior, with the path queries computed when first read."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ EM statistics and the path queries.
 Forward messages are distributions (transitions are row-stochastic), backward messages are rescaled to a row
 maximum of 1 at every hop, and the emission is shifted by its row maximum. A row whose sums would fall below
 :func:`~.recursion.underflow_floor` in that form (an underflowing normaliser ``R``, message or likelihood;
-tiny ``sigma2`` with far-apart keys) is retried on its dense factors, normalised over the row's own positions in
-log space (:func:`~.transitions.dense_retries`); a row that underflows there too is recomputed by the log-space
-recursions of :mod:`.log_space`, so every row is exact to rounding.
+tiny ``sigma2`` with far-apart keys) is retried on its dense factors, normalised over the row's own positions
+(:func:`~.transitions.dense_retries`); a row that underflows there too is recomputed by the log-space recursions
+of :mod:`.log_space`, so every row is exact to rounding.
 """
 
 from __future__ import annotations
