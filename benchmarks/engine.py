@@ -211,6 +211,33 @@ def _load_average() -> str:
         return "unknown"
 
 
+def _without_grad(head, obs, *names) -> dict:
+    """``name -> callable``: ``head.<name>(obs)`` under ``torch.no_grad()``, to time."""
+    import torch
+
+    def query(name):
+        def run():
+            with torch.no_grad():
+                return getattr(head, name)(obs)
+
+        return run
+
+    return {name: query(name) for name in names}
+
+
+def _loss_and_backward(head, model, obs, elbo):
+    """A callable: ``elbo``'s loss of ``model`` (with ``head.guide``) on ``obs`` and its backward, the head's
+    gradients cleared first; returns the loss as a float."""
+
+    def run():
+        head.zero_grad(set_to_none=True)
+        loss = elbo.differentiable_loss(model, head.guide, obs)
+        loss.backward()
+        return float(loss.detach())
+
+    return run
+
+
 # -- speed ---------------------------------------------------------------------------------------------------------
 def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
     """Median milliseconds of the plug-in queries against the E-step, and of the two losses, at one point."""
@@ -224,13 +251,7 @@ def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
     obs = random_observations(n, N, S)
     route = engine.choose_route(head.hop_gates(), N)
 
-    def log_likelihood():
-        with torch.no_grad():
-            return head.log_likelihood(obs)
-
-    def predict_proba():
-        with torch.no_grad():
-            return head.predict_proba(obs)
+    log_likelihood, predict_proba = _without_grad(head, obs, "log_likelihood", "predict_proba").values()
 
     def e_step():
         return em.e_step(head, obs)
@@ -257,19 +278,8 @@ def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
     loss_obs = obs[:n_loss] if n_loss <= n else random_observations(n_loss, N, S)
     collapsed_elbo, enumerated_elbo = Trace_ELBO(), TraceEnum_ELBO(max_plate_nesting=1)
     with pyro.get_param_store().scope():
-
-        def collapsed():
-            head.zero_grad(set_to_none=True)
-            loss = collapsed_elbo.differentiable_loss(head.collapsed_model, head.guide, loss_obs)
-            loss.backward()
-            return float(loss.detach())
-
-        def enumerated():
-            head.zero_grad(set_to_none=True)
-            loss = enumerated_elbo.differentiable_loss(head.model, head.guide, loss_obs)
-            loss.backward()
-            return float(loss.detach())
-
+        collapsed = _loss_and_backward(head, head.collapsed_model, loss_obs, collapsed_elbo)
+        enumerated = _loss_and_backward(head, head.model, loss_obs, enumerated_elbo)
         losses = collapsed(), enumerated()
         if abs(losses[0] - losses[1]) > AGREEMENT * abs(losses[1]):
             raise RuntimeError(f"collapsed and enumerated losses disagree at N={N} S={S}: {losses}")
@@ -894,30 +904,15 @@ def sharp_point(N: int, S: int, n: int, repeats: int) -> list:
         gates = head.hop_gates()
         elbo = Trace_ELBO()
 
-        def log_likelihood():
-            with torch.no_grad():
-                return head.log_likelihood(obs)
-
-        def predict_proba():
-            with torch.no_grad():
-                return head.predict_proba(obs)
-
-        def hop_marginals():
-            with torch.no_grad():
-                return head.hop_marginals(obs)
+        queries = _without_grad(head, obs, "log_likelihood", "predict_proba", "hop_marginals")
+        log_likelihood, predict_proba = queries["log_likelihood"], queries["predict_proba"]
 
         def in_log_space():
             with torch.no_grad():
                 return chain_log_likelihood(gates.dense_chain(obs), gates.target_log_probs(obs))
 
         with pyro.get_param_store().scope():
-
-            def loss():
-                head.zero_grad(set_to_none=True)
-                value = elbo.differentiable_loss(head.collapsed_model, head.guide, obs)
-                value.backward()
-                return float(value.detach())
-
+            loss = _loss_and_backward(head, head.collapsed_model, obs, elbo)
             total, reference = float(log_likelihood().double().sum()), float(in_log_space().double().sum())
             if abs(total - reference) > 1e-5 * abs(reference):
                 raise RuntimeError(f"sharp: log_likelihood {total} against log space {reference} at N={N} S={S}")
@@ -926,9 +921,8 @@ def sharp_point(N: int, S: int, n: int, repeats: int) -> list:
                 raise RuntimeError(f"sharp: predictive rows sum to {float(sums.min())}..{float(sums.max())}")
             if abs(loss() + total) > AGREEMENT * abs(total):
                 raise RuntimeError(f"sharp: the loss is not minus the likelihood at N={N} S={S}")
-            times = time_side_by_side({"log_likelihood": log_likelihood, "predict_proba": predict_proba,
-                                       "hop_marginals": hop_marginals, "loss": loss, "in_log_space": in_log_space},
-                                      repeats, warmup_rounds=1)
+            times = time_side_by_side({**queries, "loss": loss, "in_log_space": in_log_space}, repeats,
+                                      warmup_rounds=1)
         routes = {}
         for piece in engine.forward_backward_chunks(gates, obs):
             routes[piece.route] = routes.get(piece.route, 0) + len(piece.obs)
@@ -970,6 +964,17 @@ def write_section(out: Path, name: str, rows, table_lines: list, load: str) -> P
     return path
 
 
+def _points_section(out: Path, name: str, grid, point: str, table, rows_per_point: int, repeats: int, call) -> None:
+    """``call(point, *arguments, repeats)`` at every point of ``grid`` (each returns ``rows_per_point`` rows),
+    printing each point's rows of ``table`` as they come, then the section's files."""
+    load = _load_average()
+    rows = []
+    for arguments in grid:
+        rows += call(point, *arguments, repeats)
+        print("\n".join(table(rows[-rows_per_point:])[-rows_per_point:]), flush=True)
+    print(f"wrote {write_section(out, name, rows, table(rows), load)}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -997,13 +1002,10 @@ def main(argv=None) -> int:
             rows += call("speed_section", [point], repeats)
             print(speed_table(rows[-1:])[-1], flush=True)
         print(f"wrote {write_section(args.out, 'speed', rows, speed_table(rows), load)}", flush=True)
+    repeats = 3 if smoke else args.repeats
     if "paths" in args.sections:
-        load = _load_average()
-        rows = []
-        for N, S, n in SMOKE_PATHS_GRID if smoke else PATHS_GRID:
-            rows += call("paths_point", N, S, n, 3 if smoke else args.repeats)
-            print("\n".join(paths_table(rows[-6:])[2:]), flush=True)
-        print(f"wrote {write_section(args.out, 'paths', rows, paths_table(rows), load)}", flush=True)
+        _points_section(args.out, "paths", SMOKE_PATHS_GRID if smoke else PATHS_GRID, "paths_point", paths_table,
+                        6, repeats, call)  # hop_marginals and five path queries a point
     if "peer" in args.sections:
         load = _load_average()
         sizes = SMOKE_PEER if smoke else PEER
@@ -1036,12 +1038,8 @@ def main(argv=None) -> int:
                 print(rows[-1], flush=True)
         print(f"wrote {write_section(args.out, 'memory', rows, memory_table(rows), load)}", flush=True)
     if "sharp" in args.sections:
-        load = _load_average()
-        rows = []
-        for N, S, n in SMOKE_SHARP_GRID if smoke else SHARP_GRID:
-            rows += call("sharp_point", N, S, n, 3 if smoke else args.repeats)
-            print("\n".join(sharp_table(rows[-2:])[3:]), flush=True)
-        print(f"wrote {write_section(args.out, 'sharp', rows, sharp_table(rows), load)}", flush=True)
+        _points_section(args.out, "sharp", SMOKE_SHARP_GRID if smoke else SHARP_GRID, "sharp_point", sharp_table, 2,
+                        repeats, call)
     if "scaling" in args.sections:
         load = _load_average()
         rows = []

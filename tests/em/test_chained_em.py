@@ -102,6 +102,14 @@ def test_log_likelihood_is_the_models(hops):
     assert em_for(head).e_step(head, obs).loglik == pytest.approx(expected, rel=1e-12)
 
 
+def assert_brute_force_stats(stats, head, obs, tolerance):
+    numerators, masses, counts, loglik = brute_force_stats(head, obs)
+    assert torch.allclose(stats.key_numerators, numerators, atol=tolerance)
+    assert torch.allclose(stats.key_masses, masses, atol=tolerance)
+    assert torch.allclose(stats.emission_counts, counts, atol=tolerance)
+    assert stats.loglik == pytest.approx(loglik, rel=tolerance)
+
+
 @HOPS
 def test_underflowing_gates_are_retried_on_their_dense_factors(hops, caplog):
     # sigma2 = 1e-3 with keys of norm ~5: symbol-space gate weights exp(-10^4) underflow even in float64.
@@ -111,11 +119,7 @@ def test_underflowing_gates_are_retried_on_their_dense_factors(hops, caplog):
     stats = em_for(head, route="symbols").e_step(head, obs)
     if hops > 1:
         assert "retried on their dense factors" in caplog.text
-    numerators, masses, counts, loglik = brute_force_stats(head, obs)
-    assert torch.allclose(stats.key_numerators, numerators, atol=1e-10)
-    assert torch.allclose(stats.key_masses, masses, atol=1e-10)
-    assert torch.allclose(stats.emission_counts, counts, atol=1e-10)
-    assert stats.loglik == pytest.approx(loglik, rel=1e-10)
+    assert_brute_force_stats(stats, head, obs, tolerance=1e-10)
 
 
 @ROUTE
@@ -132,11 +136,7 @@ def test_rows_underflowing_on_their_dense_factors_too_fall_back_to_log_space(rou
     stats = em_for(head, route=route).e_step(head, obs)
     retried, in_log_space = map(int, re.search(r"(\d+) observations retried .*, (\d+) more", caplog.text).groups())
     assert retried > 0 and in_log_space > 0
-    numerators, masses, counts, loglik = brute_force_stats(head, obs)
-    assert torch.allclose(stats.key_numerators, numerators, atol=1e-10)
-    assert torch.allclose(stats.key_masses, masses, atol=1e-10)
-    assert torch.allclose(stats.emission_counts, counts, atol=1e-10)
-    assert stats.loglik == pytest.approx(loglik, rel=1e-10)
+    assert_brute_force_stats(stats, head, obs, tolerance=1e-10)
 
 
 @ROUTE
