@@ -477,8 +477,8 @@ def _masked_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch
 def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
                   extra: float = 0.0) -> list:
     """Slices (LongTensors of chunk rows) of a chunk's failing ``rows`` for a retry on the ``"dense"`` route, in
-    sub-chunks whose dense factors (and ``extra`` elements a row) fit in the memory budget and hold at most
-    :data:`DENSE_RETRY_ELEMENTS` entries a factor; none when the chunk's transitions already came from its dense
+    sub-chunks whose dense factors (and ``extra`` elements a row) fit in the memory budget and, on the CPU, hold at
+    most :data:`DENSE_RETRY_ELEMENTS` entries a factor; none when the chunk's transitions already came from its dense
     factors (its failing rows then go to log space).
 
     Probability space fails where a sum falls below :func:`~.recursion.underflow_floor`. On the symbol route and
@@ -492,8 +492,10 @@ def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, 
     """
     if prepared.chain is not None or prepared.normalised or len(rows) == 0:
         return []
-    N, elements = prepared.obs.context_len, DENSE_RETRY_ELEMENTS
-    per = min(rows_per_chunk(gates, N, "positions", budget, extra), max(1, elements // (N * N)))
+    N = prepared.obs.context_len
+    per = rows_per_chunk(gates, N, "positions", budget, extra)
+    if rows.device.type == "cpu":  # the cap is for glibc's page faults; CUDA's caching allocator has none
+        per = min(per, max(1, DENSE_RETRY_ELEMENTS // (N * N)))
     return [rows[part] for part in row_slices(len(rows), per)]
 
 
