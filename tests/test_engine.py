@@ -191,11 +191,16 @@ class _LargestTensor(TorchFunctionMode):
 
 @pytest.mark.parametrize("query", ["log_likelihood", "hop_marginals", "predict_proba", "map_paths"])
 @ROUTES
-def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, monkeypatch):
+@pytest.mark.parametrize("sigma2, scale", [(0.6, 1.0), (1e-3, 2.0)], ids=["sigma2=0.6", "sigma2=1e-3"])
+def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, sigma2, scale, monkeypatch):
     """With a budget of 64 KiB, nothing but the query's output and tensors the size of one input field (the
-    validation of the symbols) is larger than 64 KiB of float64 elements."""
+    validation of the symbols) is larger than 64 KiB of float64 elements; with sigma2 = 1e-3 most rows are
+    retried on their dense factors, in sub-chunks under the same budget."""
     monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
-    head, obs = make_head("chained", 3, seed=50), random_obs(n=3000, seed=51, context=12)
+    head = make_head("chained", 3, seed=50, sigma2=sigma2, scale=scale)
+    obs = random_obs(n=3000, seed=51, context=12)
+    if sigma2 < 0.1:
+        assert "dense" in routes_taken(head, obs[:50])
     budget = 64 * 1024
     with torch.no_grad(), _LargestTensor() as spy:
         out = getattr(head, query)(obs, budget=budget)
