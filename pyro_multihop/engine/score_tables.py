@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import torch
 
-from ..gate_ops import flat_gather, flat_index, small_flat_index, table_gather
+from ..gate_ops import LOG2_E, flat_gather, flat_index, small_flat_index, table_gather
 
 __all__ = ["ScoreTables", "DenseScoreTables", "KeyTableScores", "as_score_tables", "transition_weights_by_key",
            "key_gradient_"]
@@ -186,10 +186,6 @@ def transition_weights_by_key(table: torch.Tensor, sigma2: float) -> torch.Tenso
     ``exp2`` takes 0.30 ms for 10^6 float32 entries on one thread where ``exp`` takes 0.82 ms."""
     by_key = _logits_by_key(table, sigma2, base=LOG2_E)
     return by_key.sub_(by_key.amax(-2, keepdim=True)).exp2_()
-
-
-#: ``log2(e)``, to write ``exp(x)`` as ``exp2(x log2(e))``.
-LOG2_E = 1.4426950408889634
 
 
 def _whole_tables(key_tables: torch.Tensor, sigma2: float) -> List[torch.Tensor]:

@@ -22,10 +22,10 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from ..gate_ops import SHORT_ROW, exp, flat_gather, log_normalize, small_flat_index
+from ..gate_ops import SHORT_ROW, exp, flat_gather, small_flat_index
 from .budget import row_slices, rows_within_budget
 from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
-from .log_space import MASKED_LOGIT, HopChain
+from .log_space import MASKED_LOGIT, HopChain, masked_log_softmax
 from .recursion import underflow_floor
 
 __all__ = [
@@ -466,12 +466,11 @@ def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
 
 def _masked_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``softmax`` over the last dim, positions where ``mask`` is False given probability 0. Rows shorter than
-    :data:`~pyro_multihop.gate_ops.SHORT_ROW` go through ``exp(log_normalize(.))``: torch's softmax kernel
+    :data:`~pyro_multihop.gate_ops.SHORT_ROW` go through ``exp(masked_log_softmax(.))``: torch's softmax kernel
     vectorises along a row and is slower on such rows (as its ``log_softmax`` is)."""
-    masked = logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
     if logits.shape[-1] < SHORT_ROW:
-        return exp(log_normalize(masked))
-    return masked.softmax(-1)
+        return exp(masked_log_softmax(logits, mask))
+    return (logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)).softmax(-1)
 
 
 def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
