@@ -107,9 +107,11 @@ class BabiQuestion:
 def read_babi(path: PathLike) -> List[BabiQuestion]:
     """Parse one bAbI file into its questions, strictly (docs/data.md lists what it refuses).
 
-    A line is ``ID text``, with ``ID`` in ASCII digits; a line with a tab is a question
-    (``question?<TAB>answer<TAB>supporting IDs``), and a line holding a ``?`` without one is an error, not a
-    statement (a question whose tabs became spaces); every line ends with a newline (a file cut short loses it).
+    A line is ``ID text``, with ``ID`` in ASCII digits. As the format says, a question is a line with tab-separated
+    fields (``question<TAB>answer<TAB>supporting IDs``); every other line is a statement, ``?`` included (a
+    translated release has statements ending in ``?.``). The one exception is a line that still has a question's
+    three fields with its tabs turned into spaces (``text? answer ID ...``): that is an error, not a statement.
+    Every line ends with a newline (a file cut short loses it).
 
     :raises BabiFormatError: (a ``ValueError``) naming the file and line of the first malformed line and
         quoting it: not UTF-8, a bad or out-of-order ID, a question without tabs, a supporting ID that is not
@@ -142,7 +144,7 @@ def read_babi(path: PathLike) -> List[BabiQuestion]:
                 )
             previous_id = line_id
             if "\t" not in rest:
-                if "?" in rest:  # a question whose tabs were lost (turned into spaces, or cut)
+                if _UNTABBED_QUESTION.fullmatch(rest):  # a question whose tabs became spaces
                     raise BabiFormatError(
                         f"{where}: a question needs tabs, 'ID question?<TAB>answer<TAB>supporting IDs', got {line!r}"
                     )
@@ -177,6 +179,9 @@ def read_babi(path: PathLike) -> List[BabiQuestion]:
 
 
 _ID = re.compile(r"[1-9][0-9]*")
+#: A line without tabs that still has a question's three fields (``text? answer ID [ID ...]``, tabs turned into
+#: spaces): an error, not a statement. Any other ``?`` outside a tab-separated line is text.
+_UNTABBED_QUESTION = re.compile(r".*\?\s+\S+(\s+[1-9][0-9]*)+\s*")
 
 
 def _decoded(raw: bytes, where: str, line_number: int) -> str:

@@ -56,14 +56,13 @@ def test_parses_stories_questions_answers_and_supporting_facts(tmp_path):
         ("1 Mary moved.\n2 Where is Mary? \t\t1\n", 2, "empty question or answer"),
         ("1 ...\n", 1, "has no words"),
         ("1 Mary moved.\n2 Where is Mary?   bathroom   1\n", 2, "a question needs tabs"),
-        ("1 Mary moved.\n2 Where is Mary?\n", 2, "a question needs tabs"),
         ("1 Mary moved.\n2 Where is Mary? \tbathroom\t\u00b2\n", 2, "must be integers, got '\u00b2'"),
         ("1 Mary moved.\n2 Where is Mary? \tbathroom\t\u0661\n", 2, "must be integers"),
         ("\u00b2 Mary moved.\n", 1, "positive integer ID"),
         ("1 Mary moved.\n2 John moved.\n3 Where is Mary? \tbathroom\t1", 3, "without a newline"),
     ],
     ids=["bad-id", "order", "two-fields", "support-text", "support-missing", "support-self", "empty-answer",
-         "no-words", "tabs-as-spaces", "no-tab", "superscript", "arabic-digit", "superscript-id", "cut-short"],
+         "no-words", "tabs-as-spaces", "superscript", "arabic-digit", "superscript-id", "cut-short"],
 )
 def test_malformed_files_name_file_and_line(tmp_path, text, line, message):
     path = write(tmp_path, text)
@@ -246,3 +245,14 @@ def test_reverse_value_rest_keeps_the_other_words_and_bad_options_are_rejected(t
         babi.BabiEncoder(questions, reverse_value="verb")
     with pytest.raises(ValueError, match="memory"):
         babi.BabiEncoder(questions, memory=0)
+
+
+@pytest.mark.parametrize("statement", ["Gertrude is a mouse ?.", "Where is Mary?", "? why not 3 ?", "a ? b"])
+def test_a_question_mark_outside_a_tab_separated_line_is_statement_text(tmp_path, statement):
+    """Per the format a question is the line with tab fields; ``?`` anywhere else is text (a translated
+    release ends statements in ``?.``)."""
+    path = write(tmp_path, f"1 Mary moved.\n2 {statement}\n3 Where is Mary? \tbathroom\t1 2\n")
+    (question,) = babi.read_babi(path)
+    assert question.statements == ((1, ("mary", "moved")), (2, babi.tokenize(statement)))
+    assert question.supporting == (1, 2)
+    assert question.answer == "bathroom"
