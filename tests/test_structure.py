@@ -3,6 +3,7 @@ more lines is repeated across modules. Both scanners are also run on small synth
 check can fail."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,79 @@ def test_the_block_scanner_finds_a_repeated_block(synthetic):
     (synthetic / "sub" / "c.py").write_text("prefix = 0\n" + body)
     assert scan_repeated_blocks(synthetic) == {("pkg.b", "pkg.sub.c", "value_1 = compute(value_0)"),
                                                ("pkg.b", "pkg.sub.c", "value_2 = compute(value_1)")}
+
+
+# -- Rooms (issue 32): module size, one name one room, test helpers in one place, no timings in the package ------
+MAX_MODULE_LINES = 600
+TESTS = Path(__file__).resolve().parent
+SHARED_BASENAMES = {"__init__.py", "__main__.py"}
+#: A measured timing: a number with a unit of time (``0.30 ms``, ``650 ms``, ``7.9 s``, ``12 seconds``).
+TIMING = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|milliseconds?|seconds?|minutes?|hours?)\b|\b\d+\.\d+\s?s\b")
+
+
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> dict:
+    """``{module path: lines}`` of the modules under ``root`` longer than ``limit`` lines."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            found[str(path.relative_to(root))] = lines
+    return found
+
+
+def shared_basenames(root: Path) -> dict:
+    """``{basename: [paths]}`` for the file names used by two or more modules under ``root``."""
+    paths = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name not in SHARED_BASENAMES:
+            paths.setdefault(path.name, []).append(str(path.relative_to(root)))
+    return {name: where for name, where in paths.items() if len(where) > 1}
+
+
+def repeated_test_helpers(root: Path, most: int = 2) -> dict:
+    """``{helper name: [files]}``: module-level functions and classes, other than tests, defined in more than
+    ``most`` test files under ``root`` (a helper used by several files belongs in one shared module)."""
+    defined = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith(("test_", "Test")):
+                defined.setdefault(node.name, set()).add(str(path.relative_to(root)))
+    return {name: sorted(files) for name, files in defined.items() if len(files) > most}
+
+
+def timing_lines(root: Path) -> list:
+    """``[(module path, line number, line)]``: lines of the modules under ``root`` that state a timing."""
+    return [(str(path.relative_to(root)), number, line.strip())
+            for path in sorted(root.rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1) if TIMING.search(line)]
+
+
+def test_no_module_is_over_600_lines():
+    assert not long_modules(PACKAGE), long_modules(PACKAGE)
+
+
+def test_no_two_modules_share_a_file_name():
+    assert not shared_basenames(PACKAGE), shared_basenames(PACKAGE)
+
+
+def test_no_test_helper_is_defined_in_three_or_more_test_files():
+    assert not repeated_test_helpers(TESTS), repeated_test_helpers(TESTS)
+
+
+def test_no_line_of_the_package_states_a_timing():
+    """Measurements go stale: they live in ``benchmarks/results/``; docstrings say what and why."""
+    assert not timing_lines(PACKAGE), timing_lines(PACKAGE)
+
+
+def test_the_room_scanners_find_each_kind(synthetic):
+    (synthetic / "long.py").write_text("x = 1\n" * 9)
+    (synthetic / "sub" / "a.py").write_text("y = 2\n")
+    (synthetic / "sub" / "__init__.py").write_text("")
+    (synthetic / "slow.py").write_text('"""Takes 0.30 ms for 10^6 entries."""\n# 7.9 s a step\nz = 3  # every 10 s\n')
+    assert long_modules(synthetic, limit=8) == {"long.py": 9}
+    assert shared_basenames(synthetic) == {"a.py": ["a.py", "sub/a.py"]}
+    assert [(path, number) for path, number, _ in timing_lines(synthetic)] == [("slow.py", 1), ("slow.py", 2)]
+    for name in ("t1.py", "t2.py", "sub/t3.py"):
+        (synthetic / name).write_text("def random_obs():\n    pass\n\ndef test_x():\n    pass\n")
+    assert repeated_test_helpers(synthetic) == {"random_obs": ["sub/t3.py", "t1.py", "t2.py"]}
