@@ -62,7 +62,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from ..fact_data import FactObservations
+from ..data import FactObservations
 from .babi import fact_matches
 
 __all__ = [
@@ -285,7 +285,7 @@ class QAVocabulary:
 
     # -- encoding ------------------------------------------------------------------------------------------
     def encode(self, records: Sequence[QARecord]) -> "QAData":
-        """Encode records (training or later ones) into :class:`~pyro_multihop.fact_data.FactObservations`.
+        """Encode records (training or later ones) into :class:`~pyro_multihop.data.FactObservations`.
 
         Shapes: facts ``(n, N, F)`` with ``N`` the most facts of a record; question ``(n, M)``; target
         ``(n,)``; supporting ``(n, k)`` padded with -1 (None if no record has it).
@@ -340,7 +340,7 @@ class QAVocabulary:
 class QAData:
     """Encoded QA records.
 
-    :ivar obs: the :class:`~pyro_multihop.fact_data.FactObservations`.
+    :ivar obs: the :class:`~pyro_multihop.data.FactObservations`.
     :ivar records: the :class:`QARecord` s, row by row. :ivar vocabulary: the :class:`QAVocabulary` used.
     :ivar new_tokens: per row, the tokens given copy slots, in slot order.
     """

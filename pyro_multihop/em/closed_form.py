@@ -54,11 +54,10 @@ from typing import Callable, List, NamedTuple, Optional, Union
 import torch
 
 from .. import distributed
-from ..data import Observations
+from ..data import FactObservations, Observations
 from .. import engine
 from ..models.base import check_positive_int, check_sigma2
 from ..models.chained import ChainedAttention
-from ..fact_data import FactObservations
 from ..models.facts import EM_REFUSAL
 
 __all__ = ["ChainedEM", "SufficientStats", "EMResult", "ConvergenceWarning"]

@@ -36,7 +36,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from ..fact_data import FactObservations
+from ..data import FactObservations
 from ..datasets.babi import DEFAULT_MEMORY
 from ..datasets.babi_facts import load_task_records
 from ..datasets.qa_jsonl import QAData, QARecord, QAVocabulary
@@ -69,7 +69,7 @@ def facts_head(vocabulary: QAVocabulary, hops: int, max_question_len: int):
 
 
 class LengthGroupedFacts(FactObservations):
-    """:class:`~pyro_multihop.fact_data.FactObservations` that :func:`~pyro_multihop.train.fit_svi` can group
+    """:class:`~pyro_multihop.data.FactObservations` that :func:`~pyro_multihop.train.fit_svi` can group
     by length (``group_lengths``): each row's number of facts and a cut to the first ``width`` facts. The
     cut is exact for rows with at most ``width`` facts (padded facts get no attention), and saves most of
     the ``O(N^2)`` work where most rows hold far fewer facts than the longest (bAbI task 2: 15 of 50)."""

@@ -61,7 +61,7 @@ from pyro.ops.indexing import Vindex
 from .. import engine
 from ..checks import check_number
 from ..distributions import CollapsedHopChain, GateCategorical
-from ..fact_data import FactObservations, fact_chain_vocabulary
+from ..data import FactObservations, fact_chain_vocabulary
 from ..gate_ops import flat_gather, log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int
@@ -542,7 +542,7 @@ def _initial(name: str, value, shape: tuple, dtype) -> torch.Tensor:
 
 def fact_chain_truth(hops: int = 2, num_relations: int = 4, train_entities: int = 40, test_entities: int = 20,
                      strength: float = 20.0, dtype=None) -> FactAttention:
-    """The generating structure of :func:`~pyro_multihop.fact_data.fact_chain_task` as a :class:`FactAttention`.
+    """The generating structure of :func:`~pyro_multihop.data.fact_chain_task` as a :class:`FactAttention`.
 
     Hop ``l`` picks question word ``l`` (and hop 1 also the entity, the last token) by position; question word
     ``R + r`` matches relation ``r`` in field 1 (``question_tables``) and the entity matches field 0 by

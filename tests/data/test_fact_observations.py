@@ -1,9 +1,9 @@
-"""FactObservations: validation, slicing, files and sharded reads; the fact_chain_task simulator."""
+"""FactObservations: validation, slicing, files and sharded reads; the deprecated pyro_multihop.fact_data."""
 
 import pytest
 import torch
 
-from pyro_multihop import FactObservations, fact_chain_task, fact_chain_vocabulary
+from pyro_multihop import FactObservations, fact_chain_task
 
 
 def _fields(n=2, N=3, F=2, M=2):
@@ -119,37 +119,14 @@ def test_masked_files_round_trip(tmp_path):
     assert FactObservations.load(tmp_path / "masked.pt") == obs
 
 
-def test_simulator_structure():
-    vocabulary = fact_chain_vocabulary(4, 40, 20)
-    for entities, pool in (("train", vocabulary.train_entities), ("test", vocabulary.test_entities)):
-        obs = fact_chain_task(200, hops=3, num_facts=9, entities=entities, seed=1)
-        assert obs.facts.shape == (200, 9, 3) and obs.question.shape == (200, 4) and obs.supporting.shape == (200, 3)
-        subjects, relations, objects = obs.facts.unbind(-1)
-        assert bool(((subjects >= pool.start) & (subjects < pool.stop)).all())
-        assert bool((relations < 4).all()) and bool((obs.question[:, :3] - 4 == obs.question[:, :3] - 4).all())
-        chain = obs.facts.gather(1, obs.supporting.unsqueeze(-1).expand(-1, -1, 3))  # (n, L, 3) in order
-        assert torch.equal(chain[:, 0, 0], obs.question[:, 3])  # hop 1: the question's entity
-        assert torch.equal(chain[:, :, 1], obs.question[:, :3] - 4)  # each hop: the relation its word asks
-        assert torch.equal(chain[:, 1:, 0], chain[:, :-1, 2])  # next subject = previous object
-        assert torch.equal(obs.target, chain[:, -1, 2])
-        # no other fact matches both a hop's subject and its relation
-        for hop in range(3):
-            matches = (subjects == chain[:, hop, 0, None]) & (relations == chain[:, hop, 1, None])
-            assert bool((matches.sum(-1) == 1).all())
-    assert fact_chain_task(5, seed=2) == fact_chain_task(5, seed=2)
+@pytest.mark.parametrize("name", ["FactObservations", "FILE_FORMAT", "FactChainVocabulary", "fact_chain_vocabulary",
+                                  "fact_chain_task"])
+def test_the_old_module_path_warns_and_gives_the_moved_name(name):
+    import pyro_multihop.data
+    import pyro_multihop.fact_data
 
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"n": 0}, "n must be a positive integer"),
-        ({"hops": 2, "num_facts": 3}, "num_facts must be >= 2 hops"),
-        ({"entities": "valid"}, "entities must be 'train' or 'test'"),
-        ({"num_relations": 1}, "num_relations must be an integer >= 2"),
-        ({"test_entities": 5, "entities": "test"}, "test_entities must be >= 15"),
-    ],
-)
-def test_simulator_bad_input(kwargs, message):
-    kwargs = {"n": 4, **kwargs}
-    with pytest.raises(ValueError, match=message):
-        fact_chain_task(**kwargs)
+    with pytest.warns(DeprecationWarning, match=f"import {name} from pyro_multihop.data"):
+        moved = getattr(pyro_multihop.fact_data, name)
+    assert moved is getattr(pyro_multihop.data, name)
+    with pytest.raises(AttributeError, match="no attribute 'fact_chain_truth'"):
+        pyro_multihop.fact_data.fact_chain_truth  # noqa: B018 - never in fact_data

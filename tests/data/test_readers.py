@@ -1,103 +1,12 @@
-"""Observations: validation, indexing, pandas and file round trips, and the task simulators."""
+"""The strict readers: pandas and file round trips, errors that name the cell, sharded reads."""
 
 import pandas as pd
 import pytest
 import torch
 
-from pyro_multihop import Observations, chain_task, induction_task, transitive_task
+from observation_samples import small_obs, task_with_padding
+from pyro_multihop import Observations, transitive_task
 from pyro_multihop.data import DataError
-
-
-def small_obs(masked=False):
-    mask = torch.tensor([[True, True, False], [True, False, True]]) if masked else None
-    return Observations(
-        keys=torch.tensor([[0, 1, 2], [3, 4, 5]]),
-        values=torch.tensor([[6, 7, 8], [9, 10, 11]]),
-        query=torch.tensor([1, 3]),
-        target=torch.tensor([2, 0]),
-        mask=mask,
-    )
-
-
-def test_fields_shapes_and_len():
-    obs = small_obs()
-    assert len(obs) == 2 and obs.context_len == 3
-    assert obs.keys.dtype == torch.long and obs.num_symbols == 12 and obs.num_targets == 3
-    assert "n=2" in repr(obs)
-
-
-def test_lists_and_int32_are_accepted_as_long():
-    obs = Observations([[1, 2]], torch.tensor([[3, 4]], dtype=torch.int32), [0], [1])
-    assert obs.values.dtype == torch.long
-
-
-@pytest.mark.parametrize("field", ["keys", "values", "query", "target"])
-def test_float_symbols_are_a_type_error(field):
-    fields = {"keys": [[1, 2]], "values": [[3, 4]], "query": [0], "target": [1]}
-    fields[field] = torch.tensor(fields[field], dtype=torch.float32)
-    with pytest.raises(TypeError, match=f"{field} must hold integer symbols, got dtype torch.float32"):
-        Observations(**fields)
-
-
-@pytest.mark.parametrize("field", ["keys", "values", "query", "target"])
-def test_negative_symbols_are_rejected(field):
-    fields = {"keys": [[1, 2]], "values": [[3, 4]], "query": [0], "target": [1]}
-    fields[field] = [[1, -5]] if field in ("keys", "values") else [-5]
-    with pytest.raises(ValueError, match=f"{field} must be non-negative symbols, got -5"):
-        Observations(**fields)
-
-
-def test_shape_mismatches_name_the_field():
-    with pytest.raises(ValueError, match=r"keys must have shape \(n, N\)"):
-        Observations([1, 2], [1, 2], [0], [0])
-    with pytest.raises(ValueError, match="values must have the shape of keys"):
-        Observations([[1, 2]], [[1, 2, 3]], [0], [0])
-    with pytest.raises(ValueError, match=r"query must have shape \(1,\)"):
-        Observations([[1, 2]], [[1, 2]], [0, 1], [0])
-    with pytest.raises(ValueError, match=r"target must have shape \(1,\)"):
-        Observations([[1, 2]], [[1, 2]], [0], [[0]])
-    with pytest.raises(ValueError, match="N >= 1"):
-        Observations(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), [0, 0], [0, 0])
-
-
-def test_mask_validation():
-    with pytest.raises(TypeError, match="mask must be a bool tensor"):
-        Observations([[1, 2]], [[1, 2]], [0], [0], mask=[[1, 0]])
-    with pytest.raises(ValueError, match="mask must have the shape of keys"):
-        Observations([[1, 2]], [[1, 2]], [0], [0], mask=torch.tensor([[True]]))
-    with pytest.raises(ValueError, match="row 1 is all padding"):
-        Observations([[1, 2], [1, 2]], [[1, 2], [1, 2]], [0, 0], [0, 0], mask=torch.tensor([[True, False], [False, False]]))
-
-
-def test_padding_symbols_may_be_negative_and_are_stored_as_zero():
-    obs = Observations([[1, -1]], [[2, -1]], [0], [0], mask=torch.tensor([[True, False]]))
-    assert obs.keys.tolist() == [[1, 0]] and obs.values.tolist() == [[2, 0]]
-
-
-def test_check_sizes_names_field_and_value():
-    obs = small_obs()
-    obs.check_sizes(12, 3)
-    with pytest.raises(ValueError, match=r"values must be < num_symbols = 11, got 11 at index \(1, 2\)"):
-        obs.check_sizes(11, 3)
-    with pytest.raises(ValueError, match="target must be < num_targets = 2, got 2 at index 0"):
-        obs.check_sizes(12, 2)
-
-
-@pytest.mark.parametrize("masked", [False, True])
-def test_indexing_and_slicing_return_observations(masked):
-    obs = small_obs(masked)
-    for part in (obs[:1], obs[torch.tensor([1])], obs[torch.tensor([False, True])], obs[1], obs[[1]]):
-        assert isinstance(part, Observations) and len(part) == 1
-    assert obs[1] == obs[torch.tensor([1])]
-    assert obs[-1] == obs[1:]
-    assert obs[torch.tensor([1, 0])].query.tolist() == [3, 1]
-    assert len(obs[0:0]) == 0
-    assert (obs[1].mask is None) == (not masked)
-
-
-def test_to_device_keeps_data():
-    obs = small_obs(True)
-    assert obs.to("cpu") == obs and obs.to(torch.device("cpu")).device.type == "cpu"
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -107,16 +16,6 @@ def test_dataframe_round_trip_is_exact(masked):
     assert list(frame.columns[:4]) == ["query", "target", "key_0", "key_1"]
     assert any(c.startswith("mask_") for c in frame.columns) == masked
     assert Observations.from_dataframe(frame) == obs
-
-
-def task_with_padding(masked: bool) -> Observations:
-    """50 rows of the transitive task, with about 30% of the positions padding if ``masked``."""
-    obs = transitive_task(50, seed=3)
-    if not masked:
-        return obs
-    mask = torch.rand(50, obs.context_len, generator=torch.Generator().manual_seed(0)) > 0.3
-    mask[:, 0] = True
-    return Observations(obs.keys, obs.values, obs.query, obs.target, mask)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
@@ -194,60 +93,6 @@ def test_from_dataframe_rejects_unpaired_and_unknown_columns():
     assert Observations.from_dataframe(frame, extra_columns=["note"]) == small_obs()
 
 
-def test_transitive_task_structure():
-    obs = transitive_task(300, num_symbols=30, pairs=5, seed=0)
-    assert obs.keys.shape == (300, 10) and obs.num_symbols <= 30
-    a, b = obs.keys[:, :5], obs.values[:, :5]
-    b_keys, c = obs.keys[:, 5:], obs.values[:, 5:]
-    for row in range(300):
-        i = a[row].tolist().index(int(obs.query[row]))
-        j = b_keys[row].tolist().index(int(b[row, i]))
-        assert int(c[row, j]) == int(obs.target[row])
-        assert sorted(b_keys[row].tolist()) == sorted(b[row].tolist())
-        assert len(set(a[row].tolist())) == 5
-
-
-def test_simulators_are_seeded():
-    assert transitive_task(20, seed=4) == transitive_task(20, seed=4)
-    assert not transitive_task(20, seed=4) == transitive_task(20, seed=5)
-    assert induction_task(20, seed=1) == induction_task(20, seed=1)
-
-
-def test_chain_task_follows_the_chain_for_every_hop_count():
-    for hops in (1, 3, 4):
-        obs = chain_task(50, hops=hops, num_symbols=40, pairs=3, seed=hops)
-        assert obs.context_len == 3 * hops
-        for row in range(50):
-            symbol = int(obs.query[row])
-            for hop in range(hops):
-                block = slice(3 * hop, 3 * hop + 3)
-                position = obs.keys[row, block].tolist().index(symbol)
-                symbol = int(obs.values[row, block][position])
-            assert symbol == int(obs.target[row])
-
-
-def test_induction_task_copies_the_successor():
-    obs = induction_task(100, num_symbols=20, seq_len=6, seed=2)
-    assert obs.keys.shape == (100, 6)
-    assert torch.equal(obs.keys[:, 1:], obs.values[:, :-1])
-    position = (obs.keys == obs.query[:, None]).long().argmax(-1)
-    assert torch.equal(obs.values.gather(1, position[:, None]).squeeze(1), obs.target)
-
-
-@pytest.mark.parametrize(
-    "call, message",
-    [
-        (lambda: transitive_task(0), "n must be a positive integer"),
-        (lambda: transitive_task(10, num_symbols=3, pairs=5), "num_symbols must be an integer >= pairs"),
-        (lambda: chain_task(10, hops=0), "hops must be a positive integer"),
-        (lambda: induction_task(10, num_symbols=5, seq_len=8), "num_symbols must be an integer >= pairs"),
-    ],
-)
-def test_simulator_arguments_are_checked(call, message):
-    with pytest.raises(ValueError, match=message):
-        call()
-
-
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_shards_partition_the_file_in_order(tmp_path, suffix, masked):
@@ -300,41 +145,6 @@ def test_bad_shards_are_named(tmp_path, shard):
     transitive_task(10, seed=0).save(tmp_path / "data.csv")
     with pytest.raises(ValueError, match="shard"):
         Observations.load(tmp_path / "data.csv", shard=shard)
-
-
-def test_slices_copies_chunks_and_the_plate_do_not_validate_again(monkeypatch):
-    """Observations validate once: slices, ``to``, the engine's chunks, the collapsed distribution and the
-    plate go through ``Observations.trusted`` (no checks, no host synchronisations)."""
-    import pyro
-    from pyro import poutine
-
-    from pyro_multihop import ChainedAttention
-    from pyro_multihop.distributions import CollapsedHopChain
-
-    obs = task_with_padding(masked=True)
-    head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
-    expected = head.log_likelihood(obs)
-
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("validated again")
-
-    monkeypatch.setattr(Observations, "__init__", refuse)
-    assert obs[3:7].keys.shape == (4, obs.context_len) and obs[torch.tensor([1, 0])].query.tolist() == obs.query[[1, 0]].tolist()
-    assert obs.to("cpu").mask is not None and len(obs[2]) == 1
-    assert torch.allclose(head.log_likelihood(obs, budget=1 << 12), expected)  # many chunks of obs[rows]
-    collapsed = CollapsedHopChain(head.hop_gates(), obs)
-    assert torch.allclose(collapsed.log_prob(obs.target), expected)
-    shifted = (obs.target + 1) % 30
-    assert collapsed.log_prob(shifted).shape == (len(obs),)
-    with pyro.plate_stack("check", ()):
-        trace = poutine.trace(head.collapsed_model).get_trace(obs, subsample_size=7)
-    assert trace.nodes["target"]["value"].shape == (7,)
-
-
-def test_trusted_takes_tensors_as_given():
-    obs = small_obs(masked=True)
-    again = Observations.trusted(obs.keys, obs.values, obs.query, obs.target, obs.mask)
-    assert again == obs and again.keys is obs.keys
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
