@@ -80,7 +80,8 @@ def _worker(rank: int, processes: int, port: int, path: str, config: dict, out: 
 
     from chained_loss import random_emission  # benchmarks/, beside this file
     from pyro_multihop import ChainedAttention, ChainedEM, Observations, distributed
-    from pyro_multihop.train import _backward, _Loss, _make_optimizer, svi_settings
+    from pyro_multihop.train.settings import make_optimizer, svi_settings
+    from pyro_multihop.train.svi_loss import SviLoss, backward_over_ranks
 
     if processes > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=processes,
@@ -115,22 +116,22 @@ def _worker(rank: int, processes: int, port: int, path: str, config: dict, out: 
     import pyro
 
     with pyro.get_param_store().scope():
-        optimizer = _make_optimizer(head, svi_settings(head))
-        warm = _Loss(head, shard[:10], None, False)
-        _backward(warm.train(0), head)
+        optimizer = make_optimizer(head, svi_settings(head))
+        warm = SviLoss(head, shard[:10], None, False)
+        backward_over_ranks(warm.train(0), head)
         optimizer.zero_grad(set_to_none=True)
-        loss = _Loss(head, shard, None, False, total=n, largest_shard=largest)
+        loss = SviLoss(head, shard, None, False, total=n, largest_shard=largest)
 
         def svi_step():
             optimizer.zero_grad(set_to_none=True)
-            _backward(loss.train(0), head)
+            backward_over_ranks(loss.train(0), head)
             optimizer.step()
 
         result["svi_seconds"], result["svi_peak_mib"] = timed(svi_step)
-        warm = _Loss(head, shard[:10], None, False, collapsed=True)
-        _backward(warm.train(0), head)
+        warm = SviLoss(head, shard[:10], None, False, collapsed=True)
+        backward_over_ranks(warm.train(0), head)
         optimizer.zero_grad(set_to_none=True)
-        loss = _Loss(head, shard, None, False, total=n, largest_shard=largest, collapsed=True)
+        loss = SviLoss(head, shard, None, False, total=n, largest_shard=largest, collapsed=True)
         result["svi_collapsed_seconds"], result["svi_collapsed_peak_mib"] = timed(svi_step)
 
     if processes > 1:  # the communication alone

@@ -24,7 +24,8 @@ import torch.multiprocessing as mp
 
 from pyro_multihop import ChainedAttention, ChainedEM, Observations, TiedEmbeddingAttention, TiedEmbeddingVEM
 from pyro_multihop import distributed
-from pyro_multihop.train import _Loss, fit_svi
+from pyro_multihop.train import fit_svi
+from pyro_multihop.train.svi_loss import SviLoss as _Loss
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
