@@ -319,14 +319,17 @@ def plot_fact_posteriors(head, data, rows: Sequence[int], title: Optional[str] =
         axis.set_xticks(range(hops), [f"hop {hop + 1}" for hop in range(hops)], fontsize=7)
         axis.tick_params(axis="x", top=True, labeltop=True, bottom=False, labelbottom=False)
         answer = record.answer if record.answer is not None else "(no answer given)"
-        shown = "" if len(facts) == len(record.facts) else f"; {len(facts)} of {len(record.facts)} facts shown"
-        order = f"supporting * {' '.join(map(str, record.supporting))}" if record.supporting else "no supporting facts"
+        shown = ""
+        if len(facts) < len(record.facts):
+            mass = ", ".join(f"{100 * float(marginals[hop, k, facts].sum()):.0f}%" for hop in range(hops))
+            shown = f"; {len(facts)} of {len(record.facts)} facts shown, holding {mass} of the hops' mass"
+        order = f"supporting facts (*) {', '.join(map(str, record.supporting))}" if record.supporting else "no supporting facts"
         heading = f"question {rows[k]}: {' '.join(record.question)} -> {answer} ({order}{shown})"
         axis.set_title("\n".join(textwrap.wrap(heading, 70)), fontsize=8, loc="left")
-    axes[0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False, borderaxespad=2.2)
+    figure.suptitle(title or f"hop marginals over facts, given the {given}", fontsize=9)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=7, frameon=False)
     figure.colorbar(image, ax=list(axes), shrink=min(0.8, 6.0 / max(sum(heights), 1) + 0.3),
                     label="hop marginal probability")
-    figure.suptitle(title or f"hop marginals over facts, given the {given}", fontsize=9)
     return figure
 
 
