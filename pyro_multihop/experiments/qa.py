@@ -123,7 +123,10 @@ def head_memory_bytes(vocabulary: QAVocabulary, hops: int, max_question_len: int
 
 
 def _gib(count: float) -> str:
-    return f"{count / 2**30:.1f} GiB" if count >= 2**28 else f"{count / 2**20:.0f} MiB"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{math.ceil(count / 2**10)} KiB"
 
 
 def check_head_memory(vocabulary: QAVocabulary, hops: int, max_question_len: int, available: Optional[int] = None) -> dict:
