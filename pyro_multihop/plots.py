@@ -273,7 +273,7 @@ def _fact_label(index: int, fact: Sequence[str], supporting: set) -> str:
 
 def plot_fact_posteriors(head, data, rows: Sequence[int], title: Optional[str] = None,
                          max_facts: int = MAX_DRAWN_FACTS, marginals=None, paths=None,
-                         given: str = "question and answer") -> Figure:
+                         given: str = "question and answer", budget: Optional[int] = None) -> Figure:
     """Hop marginals over the facts of some questions: one panel a question, stacked; facts down (their index and
     text; ``*`` the supporting ones), hops across (``hop 1``, ``hop 2``, ...), the MAP path given the question
     alone as red dots, one colour bar. A question of more than ``max_facts`` facts shows only the facts that
@@ -288,14 +288,15 @@ def plot_fact_posteriors(head, data, rows: Sequence[int], title: Optional[str] =
     :param marginals: ``(L, len(rows), N)`` hop marginals to draw instead of the posterior given the answers
         (``head.posterior``; e.g. the question-only ones where there is no answer); ``given`` says what they are
         conditioned on. :param paths: ``(len(rows), L)`` instead of ``head.map_paths(given_target=False)``.
+    :param budget: the engine's memory budget for those queries (default: the current one).
     """
     rows = [int(row) for row in rows]
     if not rows or any(not 0 <= row < len(data.records) for row in rows):
         raise ValueError(f"rows must be indices into the {len(data.records)} questions, got {rows}")
     subset = data.obs[torch.tensor(rows)]
     with torch.no_grad():
-        marginals = head.posterior(subset).hop_marginals if marginals is None else torch.as_tensor(marginals)
-        paths = head.map_paths(subset, given_target=False) if paths is None else torch.as_tensor(paths)
+        marginals = head.posterior(subset, budget=budget).hop_marginals if marginals is None else torch.as_tensor(marginals)
+        paths = head.map_paths(subset, given_target=False, budget=budget) if paths is None else torch.as_tensor(paths)
     marginals, paths = _numpy(marginals), paths.cpu().numpy()  # (L, r, N), (r, L)
     hops = marginals.shape[0]
     records = [data.records[row] for row in rows]

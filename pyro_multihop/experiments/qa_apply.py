@@ -193,16 +193,22 @@ def evaluate_records(model, items: Iterable[RecordLike], *, budget: Optional[int
 def inspect_records(model, items: Iterable[RecordLike], rows: Sequence[int] = (0, 1, 2), *, title: Optional[str] = None,
                     budget: Optional[int] = None):
     """The hop-marginal figure of some questions (:func:`~pyro_multihop.plots.plot_fact_posteriors`): given
-    the answer where every drawn question has one, else (any without) the question alone; rows past the end
-    are dropped."""
+    the answer where the question has one, given the question alone where not; rows past the end are dropped."""
     head, _ = _head_and_vocabulary(model)
     data = encode_records(model, items)
     rows = [int(row) for row in rows if 0 <= int(row) < len(data)] or [0]
-    if all(data.answered[row] for row in rows):
-        return plot_fact_posteriors(head, data, rows, title=title)
+    answered = [place for place, row in enumerate(rows) if data.answered[row]]
+    if len(answered) == len(rows):
+        return plot_fact_posteriors(head, data, rows, title=title, budget=budget)
     subset = data.obs[torch.tensor(rows)]
-    return plot_fact_posteriors(head, data, rows, title=title, marginals=question_only_marginals(head, subset, budget),
-                                given="question alone (no answer used)")
+    marginals = question_only_marginals(head, subset, budget)
+    if answered:
+        with torch.no_grad():
+            given = head.posterior(subset[torch.tensor(answered)], budget=budget).hop_marginals
+        marginals[:, answered] = given.to(marginals.dtype).cpu()
+    conditioned = "question alone (no answer given)" if not answered else \
+        "question and answer (the question alone where no answer is given)"
+    return plot_fact_posteriors(head, data, rows, title=title, marginals=marginals, given=conditioned, budget=budget)
 
 
 # -- from a checkpoint and a facts file --------------------------------------------------------------------

@@ -151,6 +151,17 @@ def test_inspect_draws_given_the_answer_or_the_question_alone(run, tmp_path):
     figure = qa_apply.inspect_records(run["model"], records, rows=[0, 1, 5])
     assert "question alone" in figure.get_suptitle()
     assert len([axis for axis in figure.axes if axis.get_label() != "<colorbar>"]) == 2  # row 5 is past the end
+    # One question with its answer, one without: each drawn given what it has.
+    head, vocabulary, _ = run["model"]
+    mixed = [read_qa_jsonl(run["test"])[0], records[1]]
+    figure = qa_apply.inspect_records(run["model"], mixed, rows=[0, 1])
+    assert "the question alone where no answer is given" in figure.get_suptitle()
+    obs = vocabulary.encode(mixed).obs
+    expected = [head.posterior(obs[:1]).hop_marginals[:, 0], qa_apply.question_only_marginals(head, obs[1:])[:, 0]]
+    for panel, marginals in zip(figure.axes[:2], expected):
+        drawn = [int(label.get_text().split(":")[0].lstrip("*")) for label in panel.get_yticklabels()]
+        assert torch.allclose(torch.as_tensor(panel.images[0].get_array()).double(),
+                              marginals[:, drawn].t().double(), atol=1e-6)
 
 
 def test_a_vocabulary_too_large_stops_before_the_head_is_allocated(run, tmp_path, monkeypatch, capsys):
