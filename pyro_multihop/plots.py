@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Sequence
+import textwrap
+from typing import List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,8 @@ __all__ = [
     "plot_key_tables",
     "plot_emission",
     "plot_hop_marginals",
+    "plot_fact_posteriors",
+    "facts_to_draw",
     "plot_embeddings",
 ]
 
@@ -237,6 +240,97 @@ def plot_hop_marginals(model, obs, rows: Sequence[int] = (0,), title: Optional[s
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="posterior probability")
     if title:
         figure.suptitle(title)
+    return figure
+
+
+#: Questions with at most this many facts are drawn whole; longer ones show the facts that carry the mass.
+MAX_DRAWN_FACTS = 16
+
+#: Characters of a fact's text in its row label (longer texts end in "...").
+FACT_LABEL_CHARS = 48
+
+
+def facts_to_draw(marginals, path: Sequence[int], supporting: Optional[Sequence[int]], num_facts: int,
+                  max_facts: int = MAX_DRAWN_FACTS, top: int = 3) -> List[int]:
+    """The facts of one question that :func:`plot_fact_posteriors` draws, in order: all ``num_facts`` when there
+    are at most ``max_facts``; otherwise the ``top`` most probable facts of each hop (``marginals``, ``(L, N)``
+    with ``N >= num_facts``), the supporting facts and those of ``path`` (the MAP path), which hold the posterior
+    mass and what the reader compares it with."""
+    if num_facts <= max_facts:
+        return list(range(num_facts))
+    marginals = np.asarray(marginals)[:, :num_facts]
+    chosen = {int(fact) for fact in path} | {int(fact) for fact in (supporting or ())}
+    for hop in marginals:
+        chosen |= {int(fact) for fact in np.argsort(-hop, kind="stable")[:top]}
+    return sorted(fact for fact in chosen if 0 <= fact < num_facts)
+
+
+def _fact_label(index: int, fact: Sequence[str], supporting: set) -> str:
+    text = " ".join(fact)
+    text = text if len(text) <= FACT_LABEL_CHARS else text[: FACT_LABEL_CHARS - 3] + "..."
+    return f"{'*' if index in supporting else ''}{index}: {text}"
+
+
+def plot_fact_posteriors(head, data, rows: Sequence[int], title: Optional[str] = None,
+                         max_facts: int = MAX_DRAWN_FACTS, marginals=None, paths=None,
+                         given: str = "question and answer", budget: Optional[int] = None) -> Figure:
+    """Hop marginals over the facts of some questions: one panel a question, stacked; facts down (their index and
+    text; ``*`` the supporting ones), hops across (``hop 1``, ``hop 2``, ...), the MAP path given the question
+    alone as red dots, one colour bar. A question of more than ``max_facts`` facts shows only the facts that
+    carry the mass (:func:`facts_to_draw`: the top facts of each hop, the supporting facts, the MAP path's), a
+    dashed line where facts are left out, so that 3 or 200 facts read alike.
+
+    :param head: a fitted :class:`~pyro_multihop.models.facts.FactAttention`.
+    :param data: encoded questions with ``obs`` (:class:`~pyro_multihop.fact_data.FactObservations`) and
+        ``records`` (each with ``facts``, ``question``, ``answer`` and ``supporting``), e.g. a
+        :class:`~pyro_multihop.datasets.qa_jsonl.QAData`.
+    :param rows: the questions to draw.
+    :param marginals: ``(L, len(rows), N)`` hop marginals to draw instead of the posterior given the answers
+        (``head.posterior``; e.g. the question-only ones where there is no answer); ``given`` says what they are
+        conditioned on. :param paths: ``(len(rows), L)`` instead of ``head.map_paths(given_target=False)``.
+    :param budget: the engine's memory budget for those queries (default: the current one).
+    """
+    rows = [int(row) for row in rows]
+    if not rows or any(not 0 <= row < len(data.records) for row in rows):
+        raise ValueError(f"rows must be indices into the {len(data.records)} questions, got {rows}")
+    subset = data.obs[torch.tensor(rows)]
+    with torch.no_grad():
+        marginals = head.posterior(subset, budget=budget).hop_marginals if marginals is None else torch.as_tensor(marginals)
+        paths = head.map_paths(subset, given_target=False, budget=budget) if paths is None else torch.as_tensor(paths)
+    marginals, paths = _numpy(marginals), paths.cpu().numpy()  # (L, r, N), (r, L)
+    hops = marginals.shape[0]
+    records = [data.records[row] for row in rows]
+    drawn = [facts_to_draw(marginals[:, k], paths[k], record.supporting, len(record.facts), max_facts)
+             for k, record in enumerate(records)]
+    heights = [len(facts) + 2.2 for facts in drawn]  # rows, plus the title's and the hop labels' lines
+    figure = Figure(figsize=(4.6 + 0.75 * hops, 0.24 * sum(heights) + 1.0), layout="constrained")
+    axes = figure.subplots(len(rows), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    image = None
+    for k, (axis, record, facts) in enumerate(zip(axes, records, drawn)):
+        image = axis.imshow(marginals[:, k, facts].T, cmap="Blues", vmin=0, vmax=1, aspect="auto",
+                            interpolation="nearest")
+        place = {fact: y for y, fact in enumerate(facts)}
+        axis.scatter(range(hops), [place[int(fact)] for fact in paths[k]], color="C3", s=18, zorder=3,
+                     label="MAP path given the question")
+        for y in range(1, len(facts)):
+            if facts[y] != facts[y - 1] + 1:  # facts left out between these rows
+                axis.axhline(y - 0.5, color="0.55", linestyle="--", linewidth=0.7)
+        support = set(record.supporting or ())
+        axis.set_yticks(range(len(facts)), [_fact_label(fact, record.facts[fact], support) for fact in facts], fontsize=7)
+        axis.set_xticks(range(hops), [f"hop {hop + 1}" for hop in range(hops)], fontsize=7)
+        axis.tick_params(axis="x", top=True, labeltop=True, bottom=False, labelbottom=False)
+        answer = record.answer if record.answer is not None else "(no answer given)"
+        shown = ""
+        if len(facts) < len(record.facts):
+            mass = ", ".join(f"{100 * float(marginals[hop, k, facts].sum()):.0f}%" for hop in range(hops))
+            shown = f"; {len(facts)} of {len(record.facts)} facts shown, holding {mass} of the hops' mass"
+        order = f"supporting facts (*) {', '.join(map(str, record.supporting))}" if record.supporting else "no supporting facts"
+        heading = f"question {rows[k]}: {' '.join(record.question)} -> {answer} ({order}{shown})"
+        axis.set_title("\n".join(textwrap.wrap(heading, 70)), fontsize=8, loc="left")
+    figure.suptitle(title or f"hop marginals over facts, given the {given}", fontsize=9)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=7, frameon=False)
+    figure.colorbar(image, ax=list(axes), shrink=min(0.8, 6.0 / max(sum(heights), 1) + 0.3),
+                    label="hop marginal probability")
     return figure
 
 

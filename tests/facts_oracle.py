@@ -35,7 +35,9 @@ def score(p, obs, row, hop, previous, j, D):
     """The gate logit of candidate ``j`` at 0-based ``hop`` after fact ``previous`` (None at hop 0)."""
     real = [i for i in range(obs.num_facts) if bool(obs.full_mask()[row, i])]
     tokens = [m for m in range(obs.question_len) if bool(obs.real_tokens()[row, m])]
-    choice = torch.stack([p["question_choice"][hop, int(obs.question[row, m])] + p["question_position"][hop, m] for m in tokens])
+    last = p["question_position"].shape[1] - 1  # positions past the head's P share the last one's logit
+    choice = torch.stack([p["question_choice"][hop, int(obs.question[row, m])] + p["question_position"][hop, min(m, last)]
+                          for m in tokens])
     weights = torch.softmax(choice, 0)
     fj = real_field_symbols(obs, row, j)
     total = 0.0

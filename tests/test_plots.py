@@ -226,3 +226,74 @@ def test_embedding_circles_have_the_posterior_sd_as_radius_and_symbols_integer_t
     radii = sorted(patch.get_radius() for patch in scatter.patches)
     assert radii == pytest.approx(sorted(scale.mean(1).tolist()), rel=1e-5)
     assert scatter.get_aspect() == 1.0
+
+
+def fact_questions(num_facts, n=2, hops=3, seed=0):
+    """``(head, data)``: ``n`` questions of ``num_facts`` facts (subject, relation, object) with three supporting
+    facts, and a random float64 facts head over their vocabulary (its posterior spreads over many facts)."""
+    import random
+
+    import facts_oracle
+
+    from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary
+
+    rng = random.Random(seed)
+    people = [f"p{i}" for i in range(25)]
+    records = []
+    for _ in range(n):
+        facts = [(rng.choice(people), rng.choice(["parent", "lives"]), rng.choice(people)) for _ in range(num_facts)]
+        supporting = tuple(rng.sample(range(num_facts), min(3, num_facts)))
+        records.append(QARecord(tuple(facts), ("where", "is", facts[supporting[0]][0]), facts[supporting[-1]][2], supporting))
+    vocabulary = QAVocabulary.build(records)
+    head = facts_oracle.random_fact_head(hops, 3, vocabulary.num_symbols, 3, seed=seed, scale=1.0)
+    return head, vocabulary.encode(records)
+
+
+def drawn_facts(axis):
+    """The fact indices of a panel's row labels (``*12: text`` or ``12: text``), top to bottom."""
+    return [int(label.get_text().split(":")[0].lstrip("*")) for label in axis.get_yticklabels()]
+
+
+def test_fact_posteriors_of_a_long_question_draw_the_facts_that_carry_the_mass(tmp_path):
+    """40 facts: each hop's most probable fact, the question-only MAP path's facts and the supporting facts are
+    drawn (with their text), the MAP dots land on drawn rows inside the panel, hop labels are separate."""
+    from pyro_multihop.experiments import qa
+    from pyro_multihop.plots import facts_to_draw, plot_fact_posteriors
+
+    assert qa.plot_fact_posteriors is plot_fact_posteriors  # the old import path keeps working
+    head, data = fact_questions(40)
+    figure = plot_fact_posteriors(head, data, [0, 1])
+    saves(figure, tmp_path, "facts.png")
+    panels = [axis for axis in figure.axes if axis.get_label() != "<colorbar>"]
+    assert len(panels) == 2
+    marginals = head.posterior(data.obs[:2]).hop_marginals
+    paths = head.map_paths(data.obs[:2], given_target=False)
+    for row, axis in enumerate(panels):
+        facts = drawn_facts(axis)
+        assert facts == sorted(facts) and 3 <= len(facts) <= 16  # a selection, in fact order
+        most = marginals[:, row].topk(3, dim=-1).indices.flatten().tolist()  # each hop's 3 most probable facts
+        wanted = set(most) | set(paths[row].tolist()) | set(data.records[row].supporting)
+        assert wanted <= set(facts)
+        for label in axis.get_yticklabels():
+            index = int(label.get_text().split(":")[0].lstrip("*"))
+            assert label.get_text().endswith(" ".join(data.records[row].facts[index]))
+            assert label.get_text().startswith("*") == (index in data.records[row].supporting)
+        dots = axis.collections[0].get_offsets()
+        assert [facts[int(y)] for y in dots[:, 1]] == paths[row].tolist()
+        bottom, top = axis.get_ylim()
+        assert all(top <= y <= bottom for y in dots[:, 1])  # inside the panel (imshow's y axis points down)
+        assert [label.get_text() for label in axis.get_xticklabels()] == ["hop 1", "hop 2", "hop 3"]
+        assert "of 40 facts shown" in axis.get_title(loc="left").replace("\n", " ")
+    assert facts_to_draw(marginals[:, 0].numpy(), paths[0].tolist(), None, 10) == list(range(10))
+
+
+@pytest.mark.parametrize("num_facts", [3, 200])
+def test_fact_posteriors_read_alike_from_3_to_200_facts(num_facts, tmp_path):
+    from pyro_multihop.plots import plot_fact_posteriors
+
+    head, data = fact_questions(num_facts, n=1, hops=2, seed=1)
+    figure = plot_fact_posteriors(head, data, [0])
+    saves(figure, tmp_path)
+    facts = drawn_facts(figure.axes[0])
+    assert facts == list(range(3)) if num_facts == 3 else 3 <= len(facts) <= 16
+    assert figure.get_size_inches()[1] < 8  # a long context does not make a tall figure

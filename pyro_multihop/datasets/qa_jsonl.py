@@ -9,8 +9,10 @@
 
 - ``facts``: the context, oldest first, at least one fact; a fact is a list of 1 to ``F`` tokens;
 - ``question``: at least one token;
-- ``answer``: one token; it may be a phrase (``"new york"``): the whole string is one symbol;
-- ``supporting`` (optional): indices into ``facts`` in the order the reasoning uses them (for scoring only).
+- ``answer``: one token; it may be a phrase (``"new york"``): the whole string is one symbol. Required for
+  training and evaluation; a file of questions to answer may leave it out (``require_answer=False``);
+- ``supporting`` (optional): indices into ``facts`` in the order the reasoning uses them (for scoring only);
+- ``id`` (optional): a string or an integer naming the question, carried into every output line.
 
 A token is any non-empty string (spaces included: ``"new york"`` is one token of a fact). No other key is
 allowed. Blank lines are skipped.
@@ -39,6 +41,10 @@ slot rows, so only equality and copying use them.
 the field (``train.jsonl:7: facts[2][0]: expected a non-empty string, got 3``); :func:`read_qa_jsonl`
 reads the whole file before returning, so a bad line stops the load before anything is trained.
 
+**Answers no fact holds.** An answer that is no token of any fact of its question can only come from the
+learnt emission table (a copy cannot produce it): :func:`answers_outside_facts` lists such lines and
+:func:`warn_answers_outside_facts` reports them with :class:`AnswerNotInFactsWarning`.
+
 Example::
 
     >>> import json, os, tempfile
@@ -56,6 +62,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -67,6 +74,7 @@ from .babi import fact_matches
 
 __all__ = [
     "QAFormatError",
+    "AnswerNotInFactsWarning",
     "QARecord",
     "QAVocabulary",
     "QAData",
@@ -75,12 +83,17 @@ __all__ = [
     "write_qa_jsonl",
     "record_to_json",
     "supporting_matches",
+    "answers_outside_facts",
+    "answers_outside_facts_message",
+    "warn_answers_outside_facts",
     "UNKNOWN",
 ]
 
 UNKNOWN = "<unk>"
 FORMAT = "pyro-multihop-qa-vocabulary"
-KEYS = ("facts", "question", "answer", "supporting")
+KEYS = ("id", "facts", "question", "answer", "supporting")
+#: Lines named in a report of answers that no fact holds (the rest are counted).
+FIRST_LINES = 5
 PathLike = Union[str, os.PathLike]
 
 
@@ -88,20 +101,27 @@ class QAFormatError(ValueError):
     """A line of a QA JSON Lines file that does not follow the format: names the file, line and field."""
 
 
+class AnswerNotInFactsWarning(UserWarning):
+    """Answers that are no token of any fact of their question: only the learnt emission table can give them
+    (in training, only that table learns them; at test time a copy cannot produce them)."""
+
+
 @dataclass(frozen=True)
 class QARecord:
     """One question with its facts.
 
     :ivar facts: ``(fact, ...)``, each fact a tuple of 1 or more tokens, oldest first.
-    :ivar question: the question's tokens. :ivar answer: the answer (one symbol, possibly a phrase).
-    :ivar supporting: fact indices in reasoning order, or None. :ivar source: ``"file:line"``.
+    :ivar question: the question's tokens. :ivar answer: the answer (one symbol, possibly a phrase), or None
+        for a question to answer. :ivar supporting: fact indices in reasoning order, or None.
+    :ivar source: ``"file:line"``. :ivar id: the line's ``id`` (a string or an integer), or None.
     """
 
     facts: Tuple[Tuple[str, ...], ...]
     question: Tuple[str, ...]
-    answer: str
+    answer: Optional[str]
     supporting: Optional[Tuple[int, ...]] = None
     source: str = ""
+    id: Optional[Union[str, int]] = None
 
 
 def _describe(value) -> str:
@@ -118,23 +138,29 @@ def _tokens(value, name: str, where: str) -> Tuple[str, ...]:
     return tuple(value)
 
 
-def parse_record(payload, where: str) -> QARecord:
-    """Validate one decoded JSON line (``where`` = ``"file:line"``) into a :class:`QARecord`."""
+def parse_record(payload, where: str, require_answer: bool = True) -> QARecord:
+    """Validate one decoded JSON line (``where`` = ``"file:line"``) into a :class:`QARecord`; without
+    ``require_answer`` the ``answer`` key may be absent (a question to answer: ``answer`` None)."""
     if not isinstance(payload, dict):
         raise QAFormatError(f"{where}: expected a JSON object with keys facts, question, answer, got {_describe(payload)}")
     unknown = sorted(set(payload) - set(KEYS))
     if unknown:
         raise QAFormatError(f"{where}: {unknown[0]}: unknown field (allowed: {', '.join(KEYS)})")
-    for name in ("facts", "question", "answer"):
+    for name in ("facts", "question", "answer") if require_answer else ("facts", "question"):
         if name not in payload:
-            raise QAFormatError(f"{where}: {name}: missing (every line needs facts, question and answer)")
+            needed = "facts, question and answer" if require_answer else "facts and question"
+            raise QAFormatError(f"{where}: {name}: missing (every line needs {needed})")
+    record_id = payload.get("id")
+    if "id" in payload and (isinstance(record_id, bool) or not isinstance(record_id, (str, int))
+                            or (isinstance(record_id, str) and not record_id.strip())):
+        raise QAFormatError(f"{where}: id: expected a non-empty string or an integer, got {_describe(record_id)}")
     facts = payload["facts"]
     if not isinstance(facts, list) or not facts:
         raise QAFormatError(f"{where}: facts: expected a non-empty list of facts (lists of tokens), got {_describe(facts)}")
     facts = tuple(_tokens(fact, f"facts[{index}]", where) for index, fact in enumerate(facts))
     question = _tokens(payload["question"], "question", where)
-    answer = payload["answer"]
-    if not isinstance(answer, str) or not answer.strip():
+    answer = payload.get("answer")
+    if "answer" in payload and (not isinstance(answer, str) or not answer.strip()):
         raise QAFormatError(f"{where}: answer: expected a non-empty string, got {_describe(answer)}")
     supporting = payload.get("supporting")
     if supporting is not None:
@@ -146,11 +172,12 @@ def parse_record(payload, where: str) -> QARecord:
                     f"{where}: supporting[{index}]: expected a fact index from 0 to {len(facts) - 1}, got {_describe(fact)}"
                 )
         supporting = tuple(supporting)
-    return QARecord(facts, question, answer, supporting, where)
+    return QARecord(facts, question, answer, supporting, where, record_id)
 
 
-def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
-    """Stream the records of a QA JSON Lines file, validating each line as it is read.
+def iter_qa_jsonl(path: PathLike, require_answer: bool = True) -> Iterator[QARecord]:
+    """Stream the records of a QA JSON Lines file, validating each line as it is read (without
+    ``require_answer``, lines may leave ``answer`` out: questions to answer).
 
     :raises QAFormatError: at the first malformed line (file, line and field named).
     :raises FileNotFoundError: if ``path`` does not exist.
@@ -165,15 +192,16 @@ def iter_qa_jsonl(path: PathLike) -> Iterator[QARecord]:
                 payload = json.loads(line)
             except json.JSONDecodeError as error:
                 raise QAFormatError(f"{where}: not a JSON object: {error.msg} (column {error.colno})") from None
-            yield parse_record(payload, where)
+            yield parse_record(payload, where, require_answer)
 
 
-def read_qa_jsonl(path: PathLike) -> List[QARecord]:
-    """Every record of a QA JSON Lines file; the whole file is checked before anything is returned.
+def read_qa_jsonl(path: PathLike, require_answer: bool = True) -> List[QARecord]:
+    """Every record of a QA JSON Lines file; the whole file is checked before anything is returned (without
+    ``require_answer``, lines may leave ``answer`` out).
 
     :raises QAFormatError: naming the file, line and field of the first malformed line, or a file without records.
     """
-    records = list(iter_qa_jsonl(path))
+    records = list(iter_qa_jsonl(path, require_answer))
     if not records:
         raise QAFormatError(f"{path}: no questions (a QA JSON Lines file holds one JSON object a line)")
     return records
@@ -181,7 +209,10 @@ def read_qa_jsonl(path: PathLike) -> List[QARecord]:
 
 def record_to_json(record: QARecord) -> dict:
     """The JSON object of one record (the inverse of :func:`parse_record`)."""
-    payload = {"facts": [list(fact) for fact in record.facts], "question": list(record.question), "answer": record.answer}
+    payload = {} if record.id is None else {"id": record.id}
+    payload.update({"facts": [list(fact) for fact in record.facts], "question": list(record.question)})
+    if record.answer is not None:
+        payload["answer"] = record.answer
     if record.supporting is not None:
         payload["supporting"] = list(record.supporting)
     return payload
@@ -195,6 +226,35 @@ def write_qa_jsonl(records: Iterable[QARecord], path: PathLike) -> Path:
         for record in records:
             handle.write(json.dumps(record_to_json(record), ensure_ascii=False) + "\n")
     return path
+
+
+def answers_outside_facts(records: Iterable[QARecord]) -> List[str]:
+    """The sources (``"file:line"``) of the records whose answer is no token of any of their facts, in order
+    (records without an answer are skipped)."""
+    return [record.source for record in records
+            if record.answer is not None and all(record.answer not in fact for fact in record.facts)]
+
+
+def answers_outside_facts_message(records: Sequence[QARecord], role: str) -> Optional[str]:
+    """One line on the answers of ``records`` that no fact of their question holds (``role``: ``"training"``
+    or ``"test"``, which says what follows from it), or None when every answer occurs in a fact."""
+    lines = answers_outside_facts(records)
+    if not lines:
+        return None
+    answered = sum(record.answer is not None for record in records)
+    first = ", ".join(lines[:FIRST_LINES]) + (", ..." if len(lines) > FIRST_LINES else "")
+    why = ("only the emission table can learn them (a copy cannot produce them)" if role == "training" else
+           "a copy cannot produce them, only the learnt emission table, and only answers seen in training")
+    return f"{len(lines)} of {answered} {role} answers occur in no fact of their question ({first}): {why}"
+
+
+def warn_answers_outside_facts(records: Sequence[QARecord], role: str, stacklevel: int = 2) -> Optional[str]:
+    """Warn (:class:`AnswerNotInFactsWarning`, at ``stacklevel`` as :func:`warnings.warn` counts it from this
+    function: 2 is its caller) with :func:`answers_outside_facts_message`; returns that line."""
+    message = answers_outside_facts_message(records, role)
+    if message is not None:
+        warnings.warn(message, AnswerNotInFactsWarning, stacklevel=stacklevel)
+    return message
 
 
 #: ``(n,)`` bool: does each hop path ``(n, L)`` of fact indices visit the supporting facts, in order (repeats
@@ -235,6 +295,8 @@ class QAVocabulary:
         symbols, longest, widest, count = set(), 0, 0, 0
         for record in records:
             count += 1
+            if record.answer is None:
+                raise QAFormatError(f"{record.source}: answer: missing (training needs the answer of every question)")
             tokens = {token for fact in record.facts for token in fact} | set(record.question)
             symbols |= tokens
             symbols.add(record.answer)
@@ -287,8 +349,10 @@ class QAVocabulary:
     def encode(self, records: Sequence[QARecord]) -> "QAData":
         """Encode records (training or later ones) into :class:`~pyro_multihop.data.FactObservations`.
 
-        Shapes: facts ``(n, N, F)`` with ``N`` the most facts of a record; question ``(n, M)``; target
-        ``(n,)``; supporting ``(n, k)`` padded with -1 (None if no record has it).
+        Shapes: facts ``(n, N, F)`` with ``N`` the most facts of a record; question ``(n, M)`` with ``M`` the
+        longest question of the records (longer than the training ones is fine: the head reads it); target
+        ``(n,)`` (0, ``<unk>``, where a record has no answer: :attr:`QAData.answered` says which);
+        supporting ``(n, k)`` padded with -1 (None if no record has it).
 
         :raises QAFormatError: a fact longer than ``num_fields`` (file, line and field named).
         """
@@ -320,7 +384,7 @@ class QAVocabulary:
             facts.append(rows + [blank_fact] * (width - len(rows)))
             field_lengths.append([len(fact) for fact in record.facts] + [0] * (width - len(rows)))
             questions.append([symbol(token) for token in record.question] + [0] * (length - len(record.question)))
-            targets.append(self._index.get(record.answer, slots.get(record.answer, 0)))
+            targets.append(0 if record.answer is None else self._index.get(record.answer, slots.get(record.answer, 0)))
             support = list(record.supporting or ())
             supporting.append(support + [-1] * (most - len(support)))
             new_tokens.append(tuple(slots))
@@ -361,8 +425,20 @@ class QAData:
             return self.new_tokens[row][slot]
         return self.vocabulary.symbols[symbol]
 
+    @property
+    def answered(self) -> List[bool]:
+        """Per row: does its record have an answer (the target is real)?"""
+        return [record.answer is not None for record in self.records]
+
+    def require_answers(self, why: str) -> None:
+        """Raise :class:`QAFormatError` naming the first record without an answer (``why``: what needs them)."""
+        missing = next((record for record in self.records if record.answer is None), None)
+        if missing is not None:
+            raise QAFormatError(f"{missing.source}: answer: missing ({why} needs the answer of every question)")
+
     def answer_accuracy(self, predicted: torch.Tensor) -> float:
         """Share of rows whose predicted symbol's text (:meth:`answer_text`) equals the answer."""
+        self.require_answers("answer accuracy")
         hits = [self.answer_text(row, symbol) == record.answer for row, (symbol, record)
                 in enumerate(zip(predicted.tolist(), self.records))]
         return sum(hits) / len(hits)

@@ -275,11 +275,11 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
     return candidates, needed, fits
 
 
-def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
+def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget, given_target: bool = True):
     L, N = gates.n_hops, chunk.context_len
     prepared = prepare(gates, chunk, route)
     transitions = prepared.transitions
-    emission, _, ok = shifted_emission(gates, chunk)
+    emission, _, ok = _emission(gates, chunk, given_target, prepared.init.dtype)
     floor = underflow_floor(emission.dtype)
     cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
     pruned = torch.zeros_like(ok)
@@ -352,10 +352,10 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget):
         bad = (~ok).nonzero().squeeze(-1)
         retries = dense_retries(gates, prepared, bad, budget)
         for rows in retries:
-            paths[rows], log_probs[rows] = _k_best_chunk(gates, chunk[rows], "dense", k, budget)
+            paths[rows], log_probs[rows] = _k_best_chunk(gates, chunk[rows], "dense", k, budget, given_target)
         if not retries:
             _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
-            paths[bad], log_probs[bad] = chain_k_best(chain, log_emission, k)
+            paths[bad], log_probs[bad] = chain_k_best(chain, _log_space_emission(log_emission, given_target), k)
     return paths, log_probs
 
 
@@ -363,9 +363,11 @@ def _kmax(transitions, message, hop, k):
     return transitions.kmax_forward(message, hop, k)
 
 
-def k_best_paths(gates: HopGates, obs, k: int, budget=None):
+def k_best_paths(gates: HopGates, obs, k: int, budget=None, given_target: bool = True):
     """``(paths (n, k, L), log_probs (n, k))``: the ``k`` most probable hop paths given the target, best
-    first, with their posterior log-probabilities; ``-inf`` rows where fewer than ``k`` paths exist."""
+    first, with their posterior log-probabilities; ``-inf`` rows where fewer than ``k`` paths exist. With
+    ``given_target=False``, those of the prior chain (targets ignored: the paths followed before the answer is
+    seen), with their prior log-probabilities."""
     check_positive_int("k", k)
     n, L, N = len(obs), gates.n_hops, obs.context_len
     device = gates.log_emission.device
@@ -376,7 +378,7 @@ def k_best_paths(gates: HopGates, obs, k: int, budget=None):
     extra = 4 * ENUMERATED_PATHS + 4 * (L + 1) * N
     with torch.no_grad():
         for part, chunk in _chunks(gates, obs, route, budget, extra=extra):
-            paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k, budget)
+            paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k, budget, given_target)
     return paths, log_probs
 
 

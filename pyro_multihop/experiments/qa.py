@@ -10,14 +10,24 @@ head by :func:`~pyro_multihop.train.fit_svi` on question-answer pairs alone (sup
 score), and writes into ``OUT`` (the command's options: :mod:`pyro_multihop.experiments.qa_command`):
 
 - ``results.json``: ``answer_accuracy``, ``fact_accuracy`` (null when the test file has no ``supporting``),
-  ``n_train``, ``n_test``, ``hops``, ``seconds`` (training), ``log_likelihood`` (test, mean per question);
-- ``predictions.jsonl``: one line per test question, in order: ``{"answer": str, "answer_prob": float,
-  "facts": [fact index per hop]}``; the answer is the most probable one, ``facts`` the most probable hop
-  path given the facts and the question, *not* the answer (the path the model follows at test time);
+  ``n_train``, ``n_test``, ``hops``, ``seconds`` (training, added up over resumed parts),
+  ``log_likelihood`` (test, mean per question), ``hop_fact_accuracy``, and how many training and test answers
+  occur in no fact of their question (``train_answers_outside_facts``, ``test_answers_outside_facts``);
+- ``predictions.jsonl``: one line per test question, in order (:func:`predict_qa`): its ``id``, ``question``,
+  the most probable ``answer`` and ``answer_prob``, ``facts`` (the fact index of each hop of the most probable
+  path given the facts and the question, *not* the answer: the path the model follows at test time) and
+  ``fact_tokens`` (those facts' tokens), and the file's ``given_answer`` with ``correct``;
 - ``hop_posteriors.png``: posterior hop marginals over the facts of the first test questions given their
-  answers, supporting facts starred, the question's MAP path dotted;
+  answers, supporting facts starred, the question's MAP path dotted
+  (:func:`~pyro_multihop.plots.plot_fact_posteriors`);
 - ``checkpoint.pt``: the head, its training state and the vocabulary (``extra["qa"]``), read back by
   :func:`load_qa_checkpoint`.
+
+Before the head is allocated, :func:`check_head_memory` compares what training it needs (its ``S x S`` tables
+four times over, a chunk of rows) with the memory available, and stops with one line if it does not fit.
+Answers that occur in no fact of their question are reported (:mod:`~pyro_multihop.datasets.qa_jsonl`'s
+:class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning`, or the ``log`` of :func:`run_qa`).
+A trained model answers new questions through :mod:`pyro_multihop.experiments.qa_apply`.
 
 bAbI goes through the same path: :func:`run_babi_facts` turns a task's stories into records
 (:mod:`pyro_multihop.datasets.babi_facts`) and calls :func:`run_qa`.
@@ -27,25 +37,38 @@ from __future__ import annotations
 
 import json
 import math
-import time
+import os
 import types
+import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
-from matplotlib.figure import Figure
 
 from ..checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from ..data import FactObservations
+from ..engine import get_memory_budget
 from ..datasets.babi import DEFAULT_MEMORY
 from ..datasets.babi_facts import load_task_records
-from ..datasets.qa_jsonl import QAData, QARecord, QAVocabulary
-from ..models.facts import FactAttention
+from ..datasets.qa_jsonl import (
+    AnswerNotInFactsWarning,
+    QAData,
+    QARecord,
+    QAVocabulary,
+    answers_outside_facts,
+    answers_outside_facts_message,
+)
+from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
+from ..plots import plot_fact_posteriors
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
 
 __all__ = [
     "facts_head",
+    "HeadMemoryError",
+    "head_memory_bytes",
+    "available_memory_bytes",
+    "check_head_memory",
     "LengthGroupedFacts",
     "train_qa",
     "evaluate_qa",
@@ -54,17 +77,83 @@ __all__ = [
     "run_qa",
     "run_babi_facts",
     "load_qa_checkpoint",
+    "record_id",
+    "write_jsonl",
 ]
 
 #: Length groups of ``fit_svi`` (rows cut to their own number of facts, rounded up to this many): exact.
 GROUP_LENGTHS = 10
 
 
-def facts_head(vocabulary: QAVocabulary, hops: int, max_question_len: int):
+class HeadMemoryError(MemoryError, ValueError):
+    """The head and its training would not fit in the memory available (raised before anything is allocated;
+    a ``ValueError`` too, so that the command line prints its one line)."""
+
+
+def available_memory_bytes() -> Optional[int]:
+    """Bytes of memory available now: ``MemAvailable`` of ``/proc/meminfo`` where there is one, else the
+    physical memory (``os.sysconf``); None where neither can be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def head_memory_bytes(vocabulary: QAVocabulary, hops: int, max_question_len: int, dtype=None) -> dict:
+    """What training the head of :func:`facts_head` needs, in bytes, before it is allocated:
+    ``{"parameters", "training", "largest", "largest_bytes"}``. ``training`` = 4 x the parameters (their values,
+    gradients and Adam's two moments) + 3 x the largest table of one hop (its padded copy and gradients while a
+    chunk is scored) + the engine's memory budget (one chunk of rows). The ``S x S`` tables dominate:
+    ``question_tables (L, F, S, S)``, ``content_tables (L - 1, F, F, S, S)``, ``emission_tables (F, S, S)``."""
+    size = torch.finfo(torch.get_default_dtype() if dtype is None else dtype).bits // 8
+    elements = parameter_elements(hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len)
+    largest = max(elements, key=elements.get)
+    per_hop = max(elements["question_tables"] // hops, elements["emission_tables"],
+                  elements["content_tables"] // max(hops - 1, 1))
+    parameters = sum(elements.values()) * size
+    return {"parameters": parameters, "training": 4 * parameters + 3 * per_hop * size + get_memory_budget(),
+            "largest": largest, "largest_bytes": elements[largest] * size}
+
+
+def _gib(count: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{math.ceil(count / 2**10)} KiB"
+
+
+def check_head_memory(vocabulary: QAVocabulary, hops: int, max_question_len: int, available: Optional[int] = None) -> dict:
+    """Raise :class:`HeadMemoryError` (one line: how much, and which ``S x S`` table) when training the head
+    needs more than ``available`` bytes (default :func:`available_memory_bytes`); returns
+    :func:`head_memory_bytes`."""
+    need = head_memory_bytes(vocabulary, hops, max_question_len)
+    available = available_memory_bytes() if available is None else available
+    if available is not None and need["training"] > available:
+        S, F, name = vocabulary.num_symbols, vocabulary.num_fields, need["largest"]
+        raise HeadMemoryError(
+            f"training the facts head needs about {_gib(need['training'])} but {_gib(available)} of memory is "
+            f"available: its S x S tables grow as the square of the vocabulary (S = {S} symbols, F = {F} fields, "
+            f"L = {hops} hops); {name} {PARAMETER_SHAPES[name]} alone holds {_gib(need['largest_bytes'])}, and "
+            f"training keeps 4 copies (values, gradients, Adam's two moments); use fewer distinct tokens (map "
+            f"rare ones to one token) or shorter facts")
+    return need
+
+
+def facts_head(vocabulary: QAVocabulary, hops: int, max_question_len: int, check_memory: bool = True):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
-    ``vocabulary.num_symbols`` symbols, questions of up to ``max_question_len`` tokens. Its parameters start
-    at zero (uniform attention), so the head needs no seed."""
+    ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
+    the last). Its parameters start at zero (uniform attention), so the head needs no seed. With
+    ``check_memory``, :func:`check_head_memory` runs first."""
+    if check_memory:
+        check_head_memory(vocabulary, hops, max_question_len)
     return FactAttention(hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len)
 
 
@@ -98,17 +187,30 @@ def train_qa(head, train: QAData, *, steps=None, lr=None, batch_size=None, valid
                    progress=progress, group_lengths=GROUP_LENGTHS)
 
 
+def record_id(data: QAData, row: int):
+    """The ``id`` of row ``row``: its record's, else the row's place in ``data`` (from 0)."""
+    record = data.records[row]
+    return row if record.id is None else record.id
+
+
 @torch.no_grad()
-def predict_qa(head, data: QAData) -> List[dict]:
-    """Per question: ``{"answer": text, "answer_prob": p, "facts": [fact per hop]}`` (the MAP path given the
-    question, not the answer: ``map_paths(given_target=False)``)."""
-    probs = head.predict_proba(data.obs)
+def predict_qa(head, data: QAData, budget: Optional[int] = None) -> List[dict]:
+    """Per question, in order: ``{"id", "question": [tokens], "answer": text, "answer_prob": p, "facts": [fact
+    index per hop], "fact_tokens": [[tokens of that fact] per hop]}``, plus ``"given_answer"`` and ``"correct"``
+    where the record has an answer. ``facts`` is the MAP path given the question, not the answer
+    (``map_paths(given_target=False)``): the path the model follows when it answers."""
+    probs = head.predict_proba(data.obs, budget=budget)
     answer_prob, predicted = probs.max(-1)
-    paths = head.map_paths(data.obs, given_target=False)
-    return [
-        {"answer": data.answer_text(row, symbol), "answer_prob": float(p), "facts": path}
-        for row, (symbol, p, path) in enumerate(zip(predicted.tolist(), answer_prob.tolist(), paths.tolist()))
-    ]
+    paths = head.map_paths(data.obs, given_target=False, budget=budget)
+    lines = []
+    for row, (symbol, p, path) in enumerate(zip(predicted.tolist(), answer_prob.tolist(), paths.tolist())):
+        record = data.records[row]
+        line = {"id": record_id(data, row), "question": list(record.question), "answer": data.answer_text(row, symbol),
+                "answer_prob": float(p), "facts": path, "fact_tokens": [list(record.facts[fact]) for fact in path]}
+        if record.answer is not None:
+            line.update(given_answer=record.answer, correct=line["answer"] == record.answer)
+        lines.append(line)
+    return lines
 
 
 @torch.no_grad()
@@ -116,6 +218,7 @@ def evaluate_qa(head, data: QAData, predictions: Optional[List[dict]] = None) ->
     """``answer_accuracy`` (the predicted answer's text equals the answer), ``fact_accuracy`` (the
     question's MAP path visits the supporting facts in order; None without them), ``hop_fact_accuracy``
     (per hop, the share that attends that hop's supporting fact), ``n`` and the mean test ``log_likelihood``."""
+    data.require_answers("evaluation")
     predictions = predict_qa(head, data) if predictions is None else predictions
     hits = [prediction["answer"] == record.answer for prediction, record in zip(predictions, data.records)]
     paths = torch.tensor([prediction["facts"] for prediction in predictions], dtype=torch.long)
@@ -129,48 +232,15 @@ def evaluate_qa(head, data: QAData, predictions: Optional[List[dict]] = None) ->
     }
 
 
-def plot_fact_posteriors(head, data: QAData, rows: Sequence[int], title: Optional[str] = None,
-                         max_facts: int = 14) -> Figure:
-    """Posterior hop marginals ``p(z_l = fact | facts, question, answer)`` of some questions: one panel a
-    question, facts down (the last ``max_facts``, text as labels, supporting facts starred), hops across,
-    the MAP path given the question alone dotted; one colour bar."""
-    rows = [int(row) for row in rows]
-    if not rows or any(not 0 <= row < len(data) for row in rows):
-        raise ValueError(f"rows must be indices into the {len(data)} questions, got {rows}")
-    subset = data.obs[torch.tensor(rows)]
-    with torch.no_grad():
-        marginals = head.posterior(subset).hop_marginals.cpu()  # (L, r, N)
-        paths = head.map_paths(subset, given_target=False).cpu()
-    hops = marginals.shape[0]
-    figure = Figure(figsize=(3.6 * len(rows) + 1.2, 0.3 * max_facts + 1.8), layout="constrained")
-    axes = figure.subplots(1, len(rows), squeeze=False)[0]
-    image = None
-    for column, (axis, row) in enumerate(zip(axes, rows)):
-        record = data.records[row]
-        first = max(0, len(record.facts) - max_facts)
-        shown = marginals[:, column, first : len(record.facts)].t().numpy()  # (facts, L)
-        image = axis.imshow(shown, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
-        path = paths[column].tolist()
-        axis.scatter(range(hops), [fact - first for fact in path], color="C3", s=16, label="MAP path given the question")
-        support = set(record.supporting or ())
-        labels = [f"{'*' if index in support else ' '}{index}: {' '.join(fact)}"
-                  for index, fact in enumerate(record.facts)][first:]
-        axis.set_yticks(range(len(labels)), labels, fontsize=7)
-        axis.set_xticks(range(hops), [f"hop {hop + 1}" for hop in range(hops)])
-        order = f"supporting {' '.join(map(str, record.supporting))}" if record.supporting else "no supporting facts"
-        axis.set_title(f"{' '.join(record.question)} -> {record.answer}\n(* {order})", fontsize=8)
-    figure.colorbar(image, ax=list(axes), shrink=0.8, label="posterior probability")
-    figure.suptitle(title or "posterior hop marginals over facts, given question and answer", fontsize=9)
-    return figure
-
-
-def _attach_vocabulary(checkpoint: Path, head, vocabulary: QAVocabulary, hops: int) -> None:
-    """Add the vocabulary to the checkpoint fit_svi wrote, keeping its optimiser and training state."""
+def _attach_vocabulary(checkpoint: Path, head, vocabulary: QAVocabulary, hops: int) -> float:
+    """Add the vocabulary to the checkpoint fit_svi wrote, keeping its optimiser and training state; returns the
+    training seconds it holds (fit_svi adds them up over resumed parts)."""
     payload = read_checkpoint(checkpoint)
     stored_optimizer = None if payload["optimizer"] is None else types.SimpleNamespace(state_dict=lambda: payload["optimizer"])
     extra = dict(payload["extra"])
     extra["qa"] = {"vocabulary": vocabulary.to_dict(), "hops": hops}
     save_checkpoint(checkpoint, head, stored_optimizer, step=payload["step"], extra=extra)
+    return float((extra.get("svi") or {}).get("seconds", 0.0))
 
 
 def load_qa_checkpoint(path):
@@ -186,23 +256,41 @@ def _json_number(value):
     return value if value is None or math.isfinite(value) else None
 
 
+def _report(log: Optional[Callable[[str], None]], message: Optional[str]) -> None:
+    """``message`` to ``log``, else as an :class:`AnswerNotInFactsWarning` (at run_qa's caller)."""
+    if message is not None:
+        if log is not None:
+            log(f"warning: {message}")
+        else:
+            warnings.warn(message, AnswerNotInFactsWarning, stacklevel=3)
+
+
 def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], hops: int, out, *, seed: int = 0,
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
-           overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None) -> dict:
+           overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
+           log: Optional[Callable[[str], None]] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
-    returns the results."""
+    returns the results.
+
+    ``log``: where the run's notes go, one line each (the command prints them): the step it resumes from, and
+    the answers that occur in no fact of their question; without it, the latter are
+    :class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning` s. The head is sized by the training
+    questions (a longer test question shares the last question position) after :func:`check_head_memory`."""
     out = prepare_run_dir(out, resume=resume, overwrite=overwrite, resumable=True)
     checkpoint = out / CHECKPOINT_NAME
     vocabulary = QAVocabulary.build(train_records)
-    train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
-    longest_question = max(len(record.question) for records in (train_records, test_records) for record in records)
+    longest_question = max(len(record.question) for record in train_records)
     head = facts_head(vocabulary, hops, longest_question)
-    started = time.perf_counter()
+    train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
+    test.require_answers("evaluating the test questions")
+    _report(log, answers_outside_facts_message(train_records, "training"))
+    _report(log, answers_outside_facts_message(test_records, "test"))
+    if resume and checkpoint.exists() and log is not None:
+        log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     train_qa(head, train, steps=steps, lr=lr, batch_size=batch_size, valid_fraction=valid_fraction, seed=seed,
              collapsed=collapsed, checkpoint=checkpoint, resume=resume, progress=progress)
-    seconds = time.perf_counter() - started
-    _attach_vocabulary(checkpoint, head, vocabulary, hops)
+    seconds = _attach_vocabulary(checkpoint, head, vocabulary, hops)
     predictions = predict_qa(head, test)
     scores = evaluate_qa(head, test, predictions)
     results = {
@@ -214,17 +302,26 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "seconds": round(seconds, 2),
         "log_likelihood": _json_number(scores["log_likelihood"]),
         "hop_fact_accuracy": scores["hop_fact_accuracy"],
+        "train_answers_outside_facts": len(answers_outside_facts(train_records)),
+        "test_answers_outside_facts": len(answers_outside_facts(test_records)),
         **(extra or {}),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
-    with open(out / "predictions.jsonl", "w", encoding="utf-8") as handle:
-        for prediction in predictions:
-            handle.write(json.dumps(prediction, ensure_ascii=False, allow_nan=False) + "\n")
+    write_jsonl(predictions, out / "predictions.jsonl")
     rows = range(min(figure_rows, len(test)))
     figure = plot_fact_posteriors(head, test, rows, title=f"{type(head).__name__}, {hops} hops: posterior hop "
                                   "marginals over facts (given question and answer)")
     figure.savefig(out / "hop_posteriors.png", dpi=110, bbox_inches="tight")
     return results
+
+
+def write_jsonl(lines, path) -> Path:
+    """Write JSON objects one a line (UTF-8, no ``NaN``); returns the path."""
+    path = Path(path)
+    with open(path, "w", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
+    return path
 
 
 def run_babi_facts(task: int, out, *, data_dir=None, train_dir=None, hops: Optional[int] = None,

@@ -5,9 +5,16 @@ and its entry point, which runs :func:`pyro_multihop.experiments.qa.run_qa`; and
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-__all__ = ["add_qa_parser", "qa_command", "babi_facts_command"]
+__all__ = ["add_qa_parser", "qa_command", "babi_facts_command", "print_note"]
+
+
+def print_note(line: str) -> None:
+    """A note of a run (the step it resumes from, answers that no fact holds): one line on standard error, so
+    that standard output keeps only the results."""
+    print(f"pyro-multihop: {line}", file=sys.stderr, flush=True)
 
 
 def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=float):
@@ -40,7 +47,7 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
 
 def qa_command(args) -> int:
     """``pyro-multihop qa``: both files are read in full (any bad line stops here), then
-    :func:`~pyro_multihop.experiments.qa.run_qa`; prints the results as JSON."""
+    :func:`~pyro_multihop.experiments.qa.run_qa`; prints its notes (:func:`print_note`) and the results as JSON."""
     from ..datasets.qa_jsonl import read_qa_jsonl
     from ..runs import prepare_run_dir
     from .qa import run_qa
@@ -50,7 +57,7 @@ def qa_command(args) -> int:
     results = run_qa(train, test, args.hops, args.out, seed=args.seed, steps=args.steps, lr=args.lr,
                      batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, log=print_note)
     print(json.dumps(results))
     return 0
 
@@ -67,6 +74,7 @@ def babi_facts_command(args) -> int:
     prepare_run_dir(args.out, overwrite=args.overwrite, resumable=False, create=False)
     results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops,
                              memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
-                             batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress)
+                             batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress,
+                             log=print_note)
     print(json.dumps(results))
     return 0

@@ -251,13 +251,13 @@ class HopAttentionHead(PyroModule):
         return engine.path_entropy(self.hop_gates(), obs, budget, given_target=given_target)
 
     @torch.no_grad()
-    def k_best_paths(self, obs: Observations, k: int, *, budget: Optional[int] = None):
+    def k_best_paths(self, obs: Observations, k: int, *, given_target: bool = True, budget: Optional[int] = None):
         """``(paths (n, k, L), log_probs (n, k))``: the ``k`` most probable hop paths given the target, best
         first, with their posterior log-probabilities; where fewer than ``k`` paths exist the extra rows
-        have log-probability ``-inf``."""
+        have log-probability ``-inf``. ``given_target=False``: those of the prior chain, ignoring the targets."""
         check_positive_int("k", k)
         self.check_observations(obs)
-        return engine.k_best_paths(self.hop_gates(), obs, k, budget)
+        return engine.k_best_paths(self.hop_gates(), obs, k, budget, given_target=given_target)
 
     @torch.no_grad()
     def evaluate(self, obs: Observations, *, budget: Optional[int] = None) -> dict:

@@ -3,7 +3,7 @@
 Generative story for one row (``N`` facts of ``F`` fields, a question of ``M`` tokens, ``L`` hops, one
 vocabulary of ``S`` symbols for facts, question and answer)::
 
-    w_l = softmax_m(choice[l, q_m] + choice_position[l, m])              # (M,) hop l's soft pick of question tokens
+    w_l = softmax_m(choice[l, q_m] + choice_position[l, min(m, P)])      # (M,) hop l's soft pick of question tokens
     z_1 ~ Categorical(softmax_j(s_1(j)))                                 # over real facts j
     for l = 2..L:
         z_l ~ Categorical(softmax_j(s_l(z_{l-1}, j)))                     # reads every field of fact z_{l-1}
@@ -26,6 +26,7 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
 
 Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L,
 so their parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for short).
+Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit.
 ``age_j`` counts the real facts after ``j``, ``rank_j`` those before it; ``near_before^a(i)``
 (``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
 Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission
@@ -67,7 +68,7 @@ from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import HopAttentionHead, check_positive_int
 from .chained import DISTANCE_UNIT
 
-__all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "PARAMETER_SHAPES", "EM_REFUSAL"]
+__all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "PARAMETER_SHAPES", "EM_REFUSAL"]
 
 #: Why :class:`FactAttention` has no EM: every term sits inside a hop's softmax normaliser (the emission's mix
 #: inside its own), so the expected complete-data log-likelihood has no closed-form maximiser.
@@ -101,13 +102,26 @@ def _shape(spec: str, L: int, F: int, S: int, P: int) -> tuple:
     return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
 
 
+def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_question_len: int) -> dict:
+    """``{name: number of entries}`` of every parameter of a :class:`FactAttention` of these sizes, computed
+    before any is allocated (:data:`PARAMETER_SHAPES`): the ``S x S`` tables (``question_tables``,
+    ``content_tables``, ``emission_tables``) grow as ``S^2``, the rest as ``S`` or not at all."""
+    sizes = {}
+    for name, spec in PARAMETER_SHAPES.items():
+        count = 1
+        for size in _shape(spec, n_hops, num_fields, num_symbols, max_question_len):
+            count *= size
+        sizes[name] = count
+    return sizes
+
+
 def _padded(table: torch.Tensor, dims: int) -> torch.Tensor:
     """``table`` with one zero appended along each of its last ``dims`` dims: the row/column of symbol ``S``,
     which stands for a padded field or token, so that padding enters no term."""
     return torch.nn.functional.pad(table, (0, 1) * dims)
 
 
-class _Chunk:
+class _FactFeatures:
     """What the terms read from a chunk of rows: symbols with padding mapped to ``S``, masks, ranks."""
 
     def __init__(self, obs: FactObservations, num_symbols: int, max_distance: int, dtype):
@@ -179,7 +193,7 @@ class _Chunk:
 
 class _FieldPairs(torch.autograd.Function):
     """``sum_{a, b} tables[a, b][fields[..., i, a], fields[..., j, b]]`` ``(c, N, N)`` for ``tables (F, F, S', S')``,
-    given the chunk's flat pair indices ``(F, F, c, N, N)`` (:meth:`_Chunk.pair_index`, shared by every hop and
+    given the chunk's flat pair indices ``(F, F, c, N, N)`` (:meth:`_FactFeatures.pair_index`, shared by every hop and
     by the backward): one ``index_select`` a field pair, the sum built in place; the backward adds the gradient
     into each table with ``index_add_`` at the same index."""
 
@@ -248,7 +262,9 @@ class FactAttention(HopAttentionHead):
     :param int n_hops: ``L``.
     :param int num_fields: ``F``, fields per fact.
     :param int num_symbols: ``S``, the one vocabulary of facts, questions and answers (so ``num_targets = S``).
-    :param int max_question_len: ``P``, the longest question (positions of the ``question_position`` logits).
+    :param int max_question_len: ``P``, the question positions with a ``question_position`` logit of their own
+        (the longest training question); a longer question is read, its tokens past the ``P``-th sharing the
+        ``P``-th's logit (their own content still enters through ``question_choice`` and the tables).
     :param int max_distance: ``D``, where age and offset are clipped.
     :param dtype: dtype of the parameters (default: torch's default).
     :param dict init: optional initial values ``{name: tensor}`` (shapes as in :data:`PARAMETER_SHAPES`);
@@ -296,11 +312,11 @@ class FactAttention(HopAttentionHead):
         ``copy_by_symbol`` (a Gaussian prior of precision ``n * 3e-2``). Adam steps every table entry as far as
         a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
         weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
-        the equality, order and mixing weights, which carry over to symbols never seen, free. Measured on
-        ``fact_chain_task`` (``benchmarks/facts_learning.py``): held-out accuracy on unseen entities 0.672 with
-        1e-3, 0.997 with 1e-2, 1.0 with 3e-2 (the generating structure's). The emission tables are not decayed:
-        where the answer's form never occurs in a fact (a language that inflects nouns) only they can produce
-        it, and with a decay of 3e-3 or more there an inflected bAbI task 1 stays at chance (0.19 against 1.0)."""
+        the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
+        the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
+        ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
+        never occurs in a fact (a language that inflects nouns) only they can produce it, and a decay there pulls
+        that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``)."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol")
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
@@ -313,24 +329,25 @@ class FactAttention(HopAttentionHead):
             raise TypeError(f"{name} must be pyro_multihop.FactObservations, got {type(obs).__name__}")
         if obs.num_fields != self.num_fields:
             raise ValueError(f"{name}.facts must have num_fields = {self.num_fields} fields, got {obs.num_fields}")
-        if obs.question_len > self.max_question_len:
-            raise ValueError(f"{name}.question must have at most max_question_len = {self.max_question_len} tokens, got {obs.question_len}")
         obs.check_sizes(self.num_symbols)
         return obs
 
     # -- the terms of the score ------------------------------------------------------------------------------
-    def _chunk(self, obs: FactObservations) -> _Chunk:
-        return _Chunk(obs, self.num_symbols, self.max_distance, self.age_slopes.dtype)
+    def _chunk(self, obs: FactObservations) -> _FactFeatures:
+        return _FactFeatures(obs, self.num_symbols, self.max_distance, self.age_slopes.dtype)
 
-    def question_weights(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+    def question_weights(self, hop: int, chunk: _FactFeatures) -> torch.Tensor:
         """``(c, M)``: hop ``hop``'s soft choice among the question's real tokens (rows on the simplex)."""
-        M = chunk.question.shape[1]
-        logits = _padded(self.question_choice[hop], 1)[chunk.question] + self.question_position[hop, :M]
+        M, P = chunk.question.shape[1], self.max_question_len
+        # Positions past the P-th share its logit (a question longer than the training ones is read, not refused).
+        position = self.question_position[hop, :M] if M <= P else \
+            self.question_position[hop, torch.arange(M, device=chunk.question.device).clamp(max=P - 1)]
+        logits = _padded(self.question_choice[hop], 1)[chunk.question] + position
         return log_normalize(logits.masked_fill(~chunk.real_tokens, MASKED_LOGIT)).exp()
 
-    def question_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+    def question_term(self, hop: int, chunk: _FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``:
-        one gather of ``(c, M, F, N)`` from the ``F`` tables at the chunk's :meth:`_Chunk.question_index`."""
+        one gather of ``(c, M, F, N)`` from the ``F`` tables at the chunk's :meth:`_FactFeatures.question_index`."""
         weights = self.question_weights(hop, chunk)  # (c, M)
         S = self.num_symbols
         eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
@@ -338,14 +355,15 @@ class FactAttention(HopAttentionHead):
         match = flat_gather(tables, chunk.question_index())  # (c, M, F, N)
         return (weights[..., None, None] * match).sum((1, 2))
 
-    def pair_term(self, hop: int, chunk: _Chunk) -> torch.Tensor:
+    def pair_term(self, hop: int, chunk: _FactFeatures) -> torch.Tensor:
         """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
 
-        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`_Chunk.by_rows`),
+        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`_FactFeatures.by_rows`),
         for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
         ``f_j^b`` (``F`` gathers of ``(c, N, N)``); otherwise each field pair is one gather from its flat table
-        at a ``(c, N, N)`` index, summed in place (the faster of the two below that size, measured at
-        ``S = 50``, ``N`` = 10, 30, 100). Either way no ``(c, N, N, F, F)`` tensor."""
+        at a ``(c, N, N)`` index, summed in place (the faster of the two below that size: the row sums cost
+        ``O(c N F^2 S)``, the flat gathers ``O(c N^2 F^2)``; ``benchmarks/results/facts.md``). Either way no
+        ``(c, N, N, F, F)`` tensor."""
         S, F = self.num_symbols, self.num_fields
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
         tables = _padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
@@ -360,12 +378,12 @@ class FactAttention(HopAttentionHead):
             return term
         return _FieldPairs.apply(tables, chunk.pair_index())
 
-    def _by_previous(self, name: str, hop: int, chunk: _Chunk) -> torch.Tensor:
+    def _by_previous(self, name: str, hop: int, chunk: _FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``sum_a name[hop - 1, a, f_i^a]``, a weight that depends on the previous fact's fields."""
         table = _padded(getattr(self, name)[hop - 1], 1)  # (F, S + 1)
         return table.gather(1, chunk.fields.flatten(0, 1).t()).t().reshape(chunk.fields.shape).sum(-1)
 
-    def add_order_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
+    def add_order_term(self, hop: int, chunk: _FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` ``(c, N, N)`` plus, in place, age, offset and direction, with slopes that depend on the
         previous fact ``i``."""
         k = hop - 1
@@ -375,7 +393,7 @@ class FactAttention(HopAttentionHead):
         forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1)
         return logits.addcmul_(age, chunk.age.unsqueeze(-2)).addcmul_(offset, distance).addcmul_(forward, later)
 
-    def add_nearest_term(self, hop: int, chunk: _Chunk, logits: torch.Tensor) -> torch.Tensor:
+    def add_nearest_term(self, hop: int, chunk: _FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus, in place, ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
         ``j = near_d^a(i)``: a scatter of ``2 F`` numbers per row ``i``, no ``(N, N)`` feature tensor."""
         index, found = chunk.nearest_facts()  # (c, N, 2 F) each
@@ -388,7 +406,7 @@ class FactAttention(HopAttentionHead):
         weights = weights.view(2 * F, c, N).permute(1, 2, 0) * found  # (c, N, 2 F)
         return logits.scatter_add_(-1, index, weights)
 
-    def hop_logits(self, obs: FactObservations, chunk: Optional[_Chunk] = None):
+    def hop_logits(self, obs: FactObservations, chunk: Optional[_FactFeatures] = None):
         """Unnormalised gate logits, padded facts at ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``,
         ``later[l - 2][r, i, j] = s_l(i, j)``."""
         chunk = self._chunk(obs) if chunk is None else chunk

@@ -158,3 +158,53 @@ def test_hop_fact_accuracy_counts_each_hop_against_its_supporting_fact(tmp_path)
     assert data.hop_fact_accuracy(paths) == [1.0, 0.0]
     assert data.fact_accuracy(paths) == 0.0
     assert data.fact_accuracy(torch.tensor([[1, 0], [0, 0], [2, 2]])) == 1.0
+
+
+def test_ids_are_read_and_written_and_a_bad_id_names_its_line(tmp_path):
+    lines = [dict(LINES[0], id="q-1"), dict(LINES[1], id=7), LINES[2]]
+    path = write_lines(tmp_path / "train.jsonl", lines)
+    records = qa_jsonl.read_qa_jsonl(path)
+    assert [record.id for record in records] == ["q-1", 7, None]
+    assert [qa_jsonl.record_to_json(record) for record in records] == lines
+    assert list(qa_jsonl.record_to_json(records[0]))[0] == "id"  # the id leads the line
+    for bad in ("true", "1.5", "[1]", '""', "null"):
+        path = write_lines(tmp_path / "bad.jsonl", [GOOD, f'{{"id": {bad}, "facts": [["a"]], "question": ["q"], "answer": "a"}}'])
+        with pytest.raises(QAFormatError, match=rf"{path}:2: id: expected a non-empty string or an integer"):
+            qa_jsonl.read_qa_jsonl(path)
+
+
+def test_questions_without_answers_are_read_on_request_and_refused_where_answers_are_needed(tmp_path):
+    path = write_lines(tmp_path / "ask.jsonl", [{"id": "a", "facts": [["ann", "lives in", "oslo"]], "question": ["where", "ann"]},
+                                                LINES[1]])
+    with pytest.raises(QAFormatError, match=rf"{path}:1: answer: missing \(every line needs facts, question and answer\)"):
+        qa_jsonl.read_qa_jsonl(path)
+    records = qa_jsonl.read_qa_jsonl(path, require_answer=False)
+    assert records[0].answer is None and records[1].answer == "new york"
+    assert qa_jsonl.record_to_json(records[0]) == {"id": "a", "facts": [["ann", "lives in", "oslo"]], "question": ["where", "ann"]}
+    with pytest.raises(QAFormatError, match="facts: missing"):
+        qa_jsonl.read_qa_jsonl(write_lines(tmp_path / "bad.jsonl", ['{"question": ["q"]}']), require_answer=False)
+    with pytest.raises(QAFormatError, match=rf"{path}:1: answer: missing \(training needs"):
+        QAVocabulary.build(records)
+    vocabulary = QAVocabulary.build(qa_jsonl.read_qa_jsonl(write_lines(tmp_path / "train.jsonl", LINES)))
+    data = vocabulary.encode(records)
+    assert data.answered == [False, True] and int(data.obs.target[0]) == 0
+    with pytest.raises(QAFormatError, match=rf"{path}:1: answer: missing \(answer accuracy needs"):
+        data.answer_accuracy(torch.tensor([0, 0]))
+
+
+def test_answers_that_no_fact_holds_are_counted_with_their_first_lines(tmp_path):
+    inside = {"facts": [["ann", "lives in", "oslo"]], "question": ["where", "ann"], "answer": "oslo"}
+    # "oslo lives" is no token: a token is a whole string; and a question token is not a fact.
+    outside = [dict(inside, answer=answer) for answer in ("rome", "oslo lives", "ann lives in", "where")] * 2
+    path = write_lines(tmp_path / "train.jsonl", [inside, *outside, {"facts": [["a"]], "question": ["q"], "answer": "a"}])
+    records = qa_jsonl.read_qa_jsonl(path)
+    assert qa_jsonl.answers_outside_facts(records) == [f"{path}:{line}" for line in range(2, 10)]
+    message = qa_jsonl.answers_outside_facts_message(records, "training")
+    assert message.startswith(f"8 of 10 training answers occur in no fact of their question ({path}:2, {path}:3, ")
+    assert f"{path}:6, ...)" in message and "only the emission table can learn them" in message
+    with pytest.warns(qa_jsonl.AnswerNotInFactsWarning, match="8 of 10 test answers") as caught:
+        assert qa_jsonl.warn_answers_outside_facts(records, "test").startswith("8 of 10 test answers")
+    assert caught[0].filename == __file__  # the warning points at the caller
+    assert qa_jsonl.answers_outside_facts_message(records[:1], "training") is None
+    unanswered = [QARecord((("a",),), ("q",), None, None, "x:1")]
+    assert qa_jsonl.answers_outside_facts(unanswered) == []

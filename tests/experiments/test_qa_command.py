@@ -66,10 +66,14 @@ def test_qa_command_writes_results_predictions_figure_and_checkpoint(files, tmp_
         probs = head.predict_proba(test.obs)
         paths = head.map_paths(test.obs, given_target=False)
     for row, line in enumerate(lines):
-        assert set(line) == {"answer", "answer_prob", "facts"}
+        assert set(line) == {"id", "question", "answer", "answer_prob", "facts", "fact_tokens", "given_answer", "correct"}
+        record = test.records[row]
+        assert line["id"] == row and line["question"] == list(record.question)  # no id in the file: the row
         assert line["answer"] == test.answer_text(row, int(probs[row].argmax()))
         assert math.isclose(line["answer_prob"], float(probs[row].max()), rel_tol=1e-6)
         assert line["facts"] == paths[row].tolist()
+        assert line["fact_tokens"] == [list(record.facts[fact]) for fact in line["facts"]]
+        assert line["given_answer"] == record.answer and line["correct"] == (line["answer"] == record.answer)
     assert lines == predict_qa(head, test)
     hits = sum(line["answer"] == record.answer for line, record in zip(lines, test.records))
     assert results["answer_accuracy"] == hits / len(lines)

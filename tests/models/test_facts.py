@@ -57,6 +57,13 @@ def test_entropy_and_k_best(case):
         best = sorted_paths(table)[:5]
         assert [tuple(p) for p in paths[row].tolist()][: len(best)] == [path for path, _ in best]
         assert torch.allclose(log_probs[row, : len(best)], torch.tensor([v for _, v in best], dtype=torch.float64), atol=1e-9)
+    # Question only: the k best paths of the prior chain, with their prior log-probabilities.
+    paths, log_probs = head.k_best_paths(obs, 5, given_target=False, budget=1)
+    for row, table in enumerate(expected["log_priors"]):
+        best = sorted_paths(table)[:5]
+        assert [tuple(p) for p in paths[row].tolist()][: len(best)] == [path for path, _ in best]
+        assert torch.allclose(log_probs[row, : len(best)], torch.tensor([v for _, v in best], dtype=torch.float64), atol=1e-9)
+        assert (log_probs[row, len(best):] == -math.inf).all()
 
 
 def test_samples_follow_the_posterior(case):
@@ -64,6 +71,26 @@ def test_samples_follow_the_posterior(case):
     draws = head.sample_paths(obs, 3000, seed=0)
     statistic, dof, p_value = chi_square_test(path_counts(draws), [path_posterior(t) for t in expected["log_joints"]])
     assert p_value > 1e-3, (statistic, dof)
+
+
+def test_a_question_longer_than_max_question_len_shares_the_last_position():
+    """P = 2 and questions of 4 tokens (two more): read, not refused; the tokens past the second share its
+    ``question_position`` logit (the oracle's rule), so likelihood, gradients and the question-only MAP path equal
+    the brute force."""
+    head = oracle.random_fact_head(2, F, S, 2, seed=4)
+    obs = oracle.random_fact_observations(3, N, F, 4, S, seed=14)
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
+    tables, predictive = oracle.path_tables(head, obs, params)
+    expected = oracle.log_likelihood(tables)
+    expected.sum().backward()
+    got = head.log_likelihood(obs)
+    got.sum().backward()
+    assert torch.allclose(got, expected.detach(), atol=1e-9, rtol=0)
+    assert torch.allclose(head.question_position.grad, params["question_position"].grad, atol=1e-9, rtol=0)
+    assert head.question_position.grad[:, 1].abs().sum() > 0  # the shared position is trained by the later tokens
+    assert torch.allclose(head.predict_proba(obs), torch.stack(predictive).detach(), atol=1e-9, rtol=0)
+    summary = oracle.summaries(oracle.path_tables(head, obs)[0], N, 2)
+    assert torch.equal(head.map_paths(obs, given_target=False), summary["map_prior"])
 
 
 @pytest.mark.parametrize("L", [1, 2, 3])
@@ -157,8 +184,6 @@ def test_bad_input():
         head.log_likelihood(obs.facts)
     with pytest.raises(ValueError, match="num_fields = 3"):
         head.log_likelihood(oracle.random_fact_observations(2, 4, 2, 2, 10))
-    with pytest.raises(ValueError, match="max_question_len = 2"):
-        head.log_likelihood(oracle.random_fact_observations(2, 4, 3, 3, 10))
     with pytest.raises(ValueError, match="facts must be < num_symbols = 5"):
         FactAttention(2, 3, 5, max_question_len=2).log_likelihood(obs)
     with pytest.raises(ValueError, match="init names unknown parameters"):
