@@ -12,7 +12,7 @@ published numbers; each run's ``results.json``, ``predictions.jsonl``, figure an
     python benchmarks/babi.py --out benchmarks/results --ten-k /work/shared/babi/en-10k  # + the 10k files
     python benchmarks/babi.py --smoke --out /tmp/babi                                    # tiny, for the tests
 
-``--encoding positions`` runs the chained head instead (``pyro_multihop.experiments.babi.run_babi``, two
+``--encoding positions`` runs the chained head instead (``pyro_multihop.experiments.chained_babi.run_babi``, two
 (key, value) positions a statement), the encoding of docs/babi.md's earlier tables.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pyro_multihop.experiments.babi import run_babi
+from pyro_multihop.experiments.chained_babi import run_babi
 from pyro_multihop.experiments.qa import run_babi_facts
 
 HERE = Path(__file__).resolve().parent
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         runs += [(task, args.ten_k) for task in args.ten_k_tasks]
     name = args.name or {"facts": "babi_facts", "positions": "babi"}[args.encoding]
     settings = {"facts": "FactAttention with its SVI defaults (FactAttention.svi_defaults)",
-                "positions": "ChainedAttention(max_distance) with experiments.babi.BABI_SVI"}[args.encoding]
+                "positions": "ChainedAttention(max_distance) with experiments.chained_babi.BABI_SVI"}[args.encoding]
     if args.smoke:
         settings += ", smoke: 5 steps, 50 questions"
     jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke)

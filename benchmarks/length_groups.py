@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from pyro_multihop.datasets.babi import load_task
-from pyro_multihop.experiments.babi import babi_head
+from pyro_multihop.experiments.chained_babi import babi_head
 from pyro_multihop.train import fit_svi
 
 HERE = Path(__file__).resolve().parent

@@ -32,8 +32,6 @@ _EXPORTS = {
     "FactAttention": ".models",
     "fact_chain_truth": ".models",
     "TiedEmbeddingAttention": ".models",
-    "FactAttention": ".models",
-    "fact_chain_truth": ".models",
     "TiedEmbeddingVEM": ".em",
     "ChainedEM": ".em",
     "ConvergenceWarning": ".em",

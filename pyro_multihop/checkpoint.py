@@ -5,7 +5,7 @@ A checkpoint is a plain dictionary written with :func:`torch.save` and read back
 
     {
         "format": "pyro-multihop-checkpoint", "version": 1,
-        "model_class": "ChainedAttention",      # a name of MODEL_CLASSES
+        "model_class": "ChainedAttention",      # a name of models.registry.HEAD_CLASSES
         "config": {...},                        # model.config(), the constructor arguments
         "dtype": "float32",                     # dtype of the parameters
         "state_dict": {...},                    # model.state_dict()
@@ -42,28 +42,20 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import torch
 
-__all__ = ["MODEL_CLASSES", "model_class", "save_checkpoint", "load_checkpoint", "read_checkpoint", "CheckpointError"]
+__all__ = ["model_class", "save_checkpoint", "load_checkpoint", "read_checkpoint", "CheckpointError"]
 
 FORMAT = "pyro-multihop-checkpoint"
 _ZIP_MAGIC = b"PK\x03\x04"
 VERSION = 1
-
-#: Heads a checkpoint can rebuild: class name -> "module:attribute". Modules are imported on first use,
-#: so a head whose module is missing only fails when a checkpoint of it is loaded.
-MODEL_CLASSES = {
-    "ChainedAttention": "pyro_multihop.models.chained:ChainedAttention",
-    "TiedEmbeddingAttention": "pyro_multihop.models.tied:TiedEmbeddingAttention",
-    "FactAttention": "pyro_multihop.models.facts:FactAttention",
-}
 
 _DTYPES = {
     "float16": torch.float16,
@@ -78,16 +70,29 @@ class CheckpointError(ValueError):
     message names the file and the entry or parameter."""
 
 
-def model_class(name: str) -> type:
-    """The head class registered as ``name`` in :data:`MODEL_CLASSES` (imported on demand)."""
-    if name not in MODEL_CLASSES:
-        raise CheckpointError(f"model_class must be one of {sorted(MODEL_CLASSES)}, got {name!r}")
-    module_name, attribute = MODEL_CLASSES[name].split(":")
+def _head_classes() -> dict:
+    """:data:`pyro_multihop.models.registry.HEAD_CLASSES`, imported on first use (the heads import Pyro)."""
     try:
-        module = importlib.import_module(module_name)
+        from .models.registry import HEAD_CLASSES
     except ImportError as error:
-        raise CheckpointError(f"model class {name!r} is not available: {error}") from None
-    return getattr(module, attribute)
+        raise CheckpointError(f"the model classes are not available: {error}") from None
+    return HEAD_CLASSES
+
+
+def model_class(name: str) -> type:
+    """The head class registered as ``name`` in :data:`pyro_multihop.models.registry.HEAD_CLASSES`."""
+    classes = _head_classes()
+    if name not in classes:
+        raise CheckpointError(f"model_class must be one of {sorted(classes)}, got {name!r}")
+    return classes[name]
+
+
+def __getattr__(name: str):
+    if name == "MODEL_CLASSES":  # deprecated: the registry of heads is pyro_multihop.models.registry
+        warnings.warn("pyro_multihop.checkpoint.MODEL_CLASSES is deprecated; use "
+                      "pyro_multihop.models.registry.HEAD_CLASSES (class name -> class)", DeprecationWarning, stacklevel=2)
+        return {class_name: f"{cls.__module__}:{class_name}" for class_name, cls in _head_classes().items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _dtype_name(model: torch.nn.Module) -> str:
@@ -100,8 +105,8 @@ def _dtype_name(model: torch.nn.Module) -> str:
 
 def _registered_name(model) -> str:
     name = type(model).__name__
-    if name not in MODEL_CLASSES:
-        raise CheckpointError(f"model must be one of {sorted(MODEL_CLASSES)}, got {name}")
+    if name not in _head_classes():
+        raise CheckpointError(f"model must be one of {sorted(_head_classes())}, got {name}")
     return name
 
 
@@ -128,7 +133,7 @@ def save_checkpoint(
     """Write ``model`` (and ``optimizer``, ``step``, ``extra``) to ``path`` atomically.
 
     :param path: destination file; its folder must exist.
-    :param model: a head registered in :data:`MODEL_CLASSES`, with ``config()``.
+    :param model: a head registered in :data:`pyro_multihop.models.registry.HEAD_CLASSES`, with ``config()``.
     :param optimizer: optional optimiser whose ``state_dict()`` is stored.
     :param int step: optimisation steps taken so far.
     :param dict extra: more state; only tensors, numbers, strings, None, and lists/tuples/dicts of them

@@ -8,13 +8,13 @@ from pyro.optim.clipped_adam import ClippedAdam
 
 from pyro_multihop import ChainedAttention, transitive_task
 from pyro_multihop.checkpoint import (
-    MODEL_CLASSES,
     CheckpointError,
     load_checkpoint,
     load_parameters,
     read_checkpoint,
     save_checkpoint,
 )
+from pyro_multihop.models.registry import HEAD_CLASSES
 
 
 def trained_head(dtype=torch.float32):
@@ -269,7 +269,20 @@ def test_tied_head_round_trip(tmp_path):
     assert type(restored).__name__ == "TiedEmbeddingAttention" and state["dtype"] == "float64"
     for name, value in head.state_dict().items():
         assert torch.equal(value, restored.state_dict()[name]), name
-    assert "TiedEmbeddingAttention" in MODEL_CLASSES
+    assert "TiedEmbeddingAttention" in HEAD_CLASSES
+
+
+def test_model_classes_is_a_deprecated_alias_of_the_registry():
+    import pyro_multihop.checkpoint as checkpoint
+
+    with pytest.warns(DeprecationWarning, match="models.registry.HEAD_CLASSES"):
+        classes = checkpoint.MODEL_CLASSES
+    assert classes == {"ChainedAttention": "pyro_multihop.models.chained:ChainedAttention",
+                       "TiedEmbeddingAttention": "pyro_multihop.models.tied:TiedEmbeddingAttention",
+                       "FactAttention": "pyro_multihop.models.facts:FactAttention"}
+    assert checkpoint.model_class("FactAttention") is HEAD_CLASSES["FactAttention"]
+    with pytest.raises(AttributeError):
+        checkpoint.NO_SUCH_NAME
 
 
 def test_checkpoint_is_a_plain_dictionary(tmp_path):

@@ -379,15 +379,36 @@ def test_help_imports_no_torch():
     assert result.stdout.strip() == "[]"
 
 
-def test_babi_help_defaults_agree_with_the_code(capsys):
-    from pyro_multihop.cli import BABI_DEFAULTS
+def test_babi_help_defaults_agree_with_the_code(capsys, monkeypatch):
+    """The babi command shows (and uses) the defaults of the modules that own them, read when its arguments
+    are added: a changed owner changes the help."""
+    from pyro_multihop.cli import build_parser
     from pyro_multihop.datasets.babi import DEFAULT_MEMORY
-    from pyro_multihop.experiments.babi import BABI_SVI
+    from pyro_multihop.experiments import chained_babi
 
-    assert BABI_DEFAULTS == {"num_steps": BABI_SVI["num_steps"], "lr": BABI_SVI["lr"], "memory": DEFAULT_MEMORY}
     assert main(["babi", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "task 1: 1, task 2: 2, task 3: 3" in text and "--hops" in text
+    assert f"SVI steps or EM iterations (default: {chained_babi.BABI_SVI['num_steps']} / " \
+           f"{chained_babi.BABI_EM_ITERATIONS})" in text
+    assert f"SVI learning rate (default: {chained_babi.BABI_SVI['lr']})" in text
+    assert f"statements kept before each question (default: {DEFAULT_MEMORY})" in text
+    assert build_parser().parse_args(["babi", "--task", "1", "--out", "o"]).memory == DEFAULT_MEMORY
+    monkeypatch.setattr(chained_babi, "BABI_SVI", dict(chained_babi.BABI_SVI, num_steps=123, lr=0.25))
+    assert main(["babi", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 123 / " in text and "SVI learning rate (default: 0.25)" in text
+
+
+def test_train_help_shows_the_registry_defaults(capsys):
+    from pyro_multihop.em.em_runs import CHAINED_EM_MAX_ITERS
+    from pyro_multihop.models.registry import COMMAND_HEADS, default_sigma2
+
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--model {{{','.join(COMMAND_HEADS)}}}" in text
+    assert f"(default: {default_sigma2('chained')} chained, {default_sigma2('tied')} tied)" in text
+    assert f"; {CHAINED_EM_MAX_ITERS} EM iterations)" in text
 
 
 def test_help_time_benchmark_smoke(tmp_path):

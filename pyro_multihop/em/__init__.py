@@ -4,6 +4,8 @@
   (exact forward-backward E-step, additive sufficient statistics, closed-form M-step).
 - :mod:`pyro_multihop.em.variational`: the variational-EM reference for the tied-embedding head
   (Monte-Carlo reparameterised ELBO gradient with Adam, closed-form emission, prior annealing).
+- :mod:`pyro_multihop.em.em_runs`: EM runs as ``pyro-multihop train --method em`` makes them (metrics frames,
+  the checkpoint schema, notes).
 """
 
 from .closed_form import ChainedEM, ConvergenceWarning, EMResult, SufficientStats

@@ -1,4 +1,7 @@
-"""Training scripts on real data sets, above :mod:`pyro_multihop.datasets` (which only reads and encodes
-files) and :mod:`pyro_multihop.train`: :mod:`pyro_multihop.experiments.babi` (the ``pyro-multihop babi``
-command), :mod:`pyro_multihop.experiments.qa` (facts files, the ``qa`` command, bAbI through the facts head),
-:mod:`pyro_multihop.experiments.qa_apply` (a trained ``qa`` model applied to new questions)."""
+"""Training scripts on real data sets and the commands' work on data files, above :mod:`pyro_multihop.datasets`
+(which only reads and encodes files) and :mod:`pyro_multihop.train`: :mod:`pyro_multihop.experiments.chained_babi`
+(``pyro-multihop babi --encoding positions``), :mod:`pyro_multihop.experiments.qa` (facts files, the ``qa``
+command, bAbI through the facts head), :mod:`pyro_multihop.experiments.qa_apply` (a trained ``qa`` model applied
+to new questions), :mod:`pyro_multihop.experiments.train_files` (``pyro-multihop train``) and
+:mod:`pyro_multihop.experiments.apply_checkpoint` (``evaluate``, ``predict``, ``inspect``, ``paths`` on table
+data)."""

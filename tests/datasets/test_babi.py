@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyro_multihop.datasets import babi
-from pyro_multihop.experiments.babi import BABI_SVI, babi_head, evaluate_babi
+from pyro_multihop.experiments.chained_babi import BABI_SVI, babi_head, evaluate_babi
 from pyro_multihop.train import fit_svi
 
 STEPS = 80

@@ -1,4 +1,4 @@
-"""EM runs of the command (pyro_multihop.em.runs): metrics frames, the checkpoint schema read back, and
+"""EM runs of the command (pyro_multihop.em.em_runs): metrics frames, the checkpoint schema read back, and
 non-convergence read from ConvergenceWarning, whatever its text."""
 
 import warnings
@@ -7,18 +7,18 @@ import pytest
 
 from pyro_multihop import ConvergenceWarning, transitive_task
 from pyro_multihop.checkpoint import load_checkpoint
-from pyro_multihop.em import runs
+from pyro_multihop.em import em_runs
 
 
 def test_chained_em_run_writes_its_frame_and_checkpoint(tmp_path):
     train, val = transitive_task(80, seed=0), transitive_task(30, seed=1)
-    run = runs.run_chained_em(train, val, hops=2, num_symbols=30, num_targets=30, max_iters=3, tol=0.0,
+    run = em_runs.run_chained_em(train, val, hops=2, num_symbols=30, num_targets=30, max_iters=3, tol=0.0,
                               checkpoint=tmp_path / "em.pt")
     assert list(run.metrics.columns) == ["step", "loss", "val_log_likelihood", "val_accuracy", "seconds"]
     assert run.metrics["step"].tolist() == [0, 1, 2, 3] and run.notes and "did not converge" in run.notes[0]
     model, state = load_checkpoint(tmp_path / "em.pt")
-    assert runs.training_method(state) == "EM" and state["extra"]["em"]["n_iter"] == run.settings["n_iter"]
-    assert run.metrics.attrs["loss_label"] == runs.LOSS_LABELS["em"]
+    assert em_runs.training_method(state) == "EM" and state["extra"]["em"]["n_iter"] == run.settings["n_iter"]
+    assert run.metrics.attrs["loss_label"] == em_runs.LOSS_LABELS["em"]
 
 
 def test_variational_em_non_convergence_is_read_from_the_warning_class(tmp_path, monkeypatch):
@@ -35,14 +35,14 @@ def test_variational_em_non_convergence_is_read_from_the_warning_class(tmp_path,
 
     monkeypatch.setattr(TiedEmbeddingVEM, "fit", fit_with_other_words)
     train = transitive_task(40, num_symbols=10, pairs=3, seed=0)
-    run = runs.run_variational_em(train, train, hops=2, num_symbols=10, num_targets=10, embed_dim=3, max_iters=3,
+    run = em_runs.run_variational_em(train, train, hops=2, num_symbols=10, num_targets=10, embed_dim=3, max_iters=3,
                                   checkpoint=tmp_path / "vem.pt")
     assert run.notes == [f"note: variational EM stopped at max_iters = 3 before its ELBO settled"]
     frame = run.metrics
     assert frame["step"].tolist()[0] == 1 and frame["val_accuracy"].notna().sum() == 1
     assert frame.attrs["loss_label"] == "negative annealed ELBO per observation (nats)"
     _, state = load_checkpoint(tmp_path / "vem.pt")
-    assert runs.training_method(state) == "variational EM"
+    assert em_runs.training_method(state) == "variational EM"
 
 
 @pytest.mark.parametrize("extra, method", [
@@ -50,4 +50,4 @@ def test_variational_em_non_convergence_is_read_from_the_warning_class(tmp_path,
     ({"task": 2, "method": "svi"}, "bAbI task 2, SVI"), ({}, "unknown method"),
 ])
 def test_training_method_reads_every_schema(extra, method):
-    assert runs.training_method({"extra": extra}) == method
+    assert em_runs.training_method({"extra": extra}) == method

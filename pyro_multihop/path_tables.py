@@ -19,7 +19,7 @@ Example::
 
     >>> import io
     >>> from pyro_multihop import ChainedAttention, transitive_task
-    >>> from pyro_multihop.paths import path_records
+    >>> from pyro_multihop.path_tables import path_records
     >>> head = ChainedAttention(2, 30, 30, sigma2=0.1, seed=0)
     >>> record = next(path_records(head, transitive_task(4, seed=0), k=2))
     >>> sorted(record)

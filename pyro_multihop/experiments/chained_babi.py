@@ -1,11 +1,13 @@
-"""Training and evaluating a chained head on bAbI: what the ``pyro-multihop babi`` command runs.
+"""Training and evaluating a chained head on bAbI: what ``pyro-multihop babi --encoding positions`` runs.
 
 One learner for every task: :func:`babi_head` builds a :class:`~pyro_multihop.ChainedAttention` with the
 age/offset gate terms (``max_distance = 2 * memory``, every position of the context), fitted by
 :func:`~pyro_multihop.train.fit_svi` with :data:`BABI_SVI` (SVI on the exact enumerated ELBO, the hop latents
 summed out, question-answer pairs only). The contexts are grouped by length (``group_lengths``): exact, since
 padding has zero attention, and it saves most of the ``O(N^2)`` work on tasks whose stories are mostly short
-(task 2: mean 31 of 100 positions, 0.33 s against 7.9 s a step; ``benchmarks/results/length_groups.md``).
+(task 2: mean 31 of 100 positions; the step times with and without grouping are in
+``benchmarks/results/length_groups.md``). :data:`BABI_EM_ITERATIONS` closed-form EM iterations fit the
+content-only gate instead (``method="em"``).
 
 This module sits above :mod:`pyro_multihop.datasets` (which only reads and encodes the files) and
 :mod:`pyro_multihop.train`: a training script, not a data module.
@@ -24,13 +26,16 @@ from ..models import ChainedAttention
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
 
-__all__ = ["BABI_SVI", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi"]
+__all__ = ["BABI_SVI", "BABI_EM_ITERATIONS", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi"]
 
 #: Keyword arguments of :func:`~pyro_multihop.train.fit_svi` for bAbI (measured on task 2, docs/babi.md):
 #: full-batch steps, learning rate decaying tenfold, weight decay on the key tables (a stronger one than the
 #: chained head's default: the compound symbols give the key tables many pair entries to memorise training
 #: stories with), contexts grouped by length in steps of 10 positions.
 BABI_SVI = {"num_steps": 200, "lr": 0.1, "lr_decay": 0.1, "weight_decay": {"key_tables": 1e-2}, "group_lengths": 10}
+
+#: Closed-form EM iterations of ``run_babi(method="em")`` when ``steps`` is not given.
+BABI_EM_ITERATIONS = 50
 
 
 def babi_head(train: BabiData, hops: int, sigma2: float = 0.1, seed: int = 0, positional: bool = True):
@@ -131,7 +136,7 @@ def run_babi(
         from ..em import ChainedEM
 
         em = ChainedEM(hops, train.encoder.num_symbols, train.encoder.num_targets, sigma2=sigma2)
-        head = em.fit(train.obs, max_iters=steps or 50, seed=seed).model
+        head = em.fit(train.obs, max_iters=steps or BABI_EM_ITERATIONS, seed=seed).model
     seconds = time.perf_counter() - started
     results = {"task": task, "hops": hops, "method": method, **evaluate_babi(head, test)}
     results.update({"n_train": len(train), "train_seconds": round(seconds, 2), "positional": method == "svi"})

@@ -24,7 +24,7 @@ def test_babi_command_trains_evaluates_and_draws(tmp_path, capsys):
 
     # The checkpoint keeps the vocabulary; inspect names the run and labels with words.
     from pyro_multihop.checkpoint import load_checkpoint
-    from pyro_multihop.em.runs import training_method
+    from pyro_multihop.em.em_runs import training_method
 
     model, state = load_checkpoint(out / "checkpoint.pt")
     vocabulary = state["extra"]["vocabulary"]
@@ -44,7 +44,7 @@ def test_babi_command_trains_evaluates_and_draws(tmp_path, capsys):
 
 
 def test_hops_default_to_the_supporting_facts_and_the_figure_has_a_colour_bar_and_title():
-    from pyro_multihop.experiments.babi import babi_head, default_hops, plot_hop_posteriors
+    from pyro_multihop.experiments.chained_babi import babi_head, default_hops, plot_hop_posteriors
 
     assert [default_hops(babi.load_task(task, max_train=200)[0]) for task in (1, 2, 3)] == [1, 2, 3]
     train, test = babi.load_task(1, max_train=50)

@@ -26,7 +26,10 @@ from .. import distributed
 from ..checkpoint import save_checkpoint
 from . import ChainedEM, ConvergenceWarning, TiedEmbeddingVEM
 
-__all__ = ["EMRun", "run_chained_em", "run_variational_em", "training_method", "LOSS_LABELS"]
+__all__ = ["EMRun", "run_chained_em", "run_variational_em", "training_method", "LOSS_LABELS", "CHAINED_EM_MAX_ITERS"]
+
+#: Most closed-form EM iterations of :func:`run_chained_em` (the ``train`` command's default).
+CHAINED_EM_MAX_ITERS = 100
 
 #: y-axis labels of the ``loss`` column, by method.
 LOSS_LABELS = {
@@ -57,7 +60,7 @@ def _held_out(model, val) -> dict:
 
 
 def run_chained_em(train, val, *, hops: int, num_symbols: int, num_targets: int, sigma2: float = 0.1,
-                   max_iters: int = 100, tol: float = 1e-6, seed: int = 0, dtype=None, device=None,
+                   max_iters: int = CHAINED_EM_MAX_ITERS, tol: float = 1e-6, seed: int = 0, dtype=None, device=None,
                    checkpoint=None) -> EMRun:
     """Closed-form EM of a chained head on ``train`` (``val`` evaluated every iteration); the best model is
     saved to ``checkpoint`` (by rank 0 under a process group)."""
