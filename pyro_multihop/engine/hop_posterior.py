@@ -3,7 +3,7 @@
 The posterior classes, by the rows they hold: :class:`HopPosterior` (every row of a query: what the user gets),
 :class:`~.posterior.ChunkPosterior` (one chunk, probability space) and
 :class:`~.log_space.LogChunkPosterior` (one chunk, log space). This module sits above the queries
-(:mod:`.queries`) and the path queries (:mod:`.paths`) it reads, which themselves build on
+(:mod:`.queries`) and the path queries (:mod:`pyro_multihop.engine.paths`) it reads, which build on
 :mod:`.posterior`'s forward-backward; hence a module of its own rather than a place in :mod:`.posterior`.
 """
 
