@@ -3,8 +3,8 @@
 Every gate in this library is a gather from a small ``(S, S)`` score table followed by a normalisation
 over the ``N`` context positions. Under enumeration the gathered tensor is ``(N, n, N)``, so these two
 steps are most of the work of a loss; they live here so that the enumerated Pyro model and the fused
-forward recursion (:mod:`pyro_multihop.engine.log_space`) use the same, measured, implementation.
-``benchmarks/chained_loss.py`` times both.
+forward recursion (:mod:`pyro_multihop.engine.log_space`) use the same implementation.
+``benchmarks/chained_loss.py`` times both (benchmarks/results/chained_loss.md).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ __all__ = ["table_gather", "flat_gather", "flat_index", "small_flat_index", "log
            "logsumexp", "LOG2_E"]
 
 # Rows shorter than this are normalised as ``x - logsumexp(x)``: torch's CPU ``log_softmax`` kernel
-# vectorises across a row, and for rows shorter than a vector (16 float32 lanes) it is 1.5-2.5x slower,
-# forward plus backward, than the two-kernel form; from 16 entries on it is about 2x faster.
+# vectorises across a row: on rows shorter than a vector (16 float32 lanes) it is slower, forward plus backward,
+# than the two-kernel form, and from 16 entries on faster.
 SHORT_ROW = 16
 
 
@@ -40,11 +40,12 @@ LOG2_E = 1.4426950408889634
 def exp(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``exp(x)`` as ``exp2(x log2(e))``, for log-probabilities and shifted logits (``x <= 0``), differentiable.
 
-    torch's CPU ``exp`` takes a slow path where its result underflows: for float32 inputs below about -87 it is
-    10-35x slower (0.82 ms for 10^6 entries in range, 10-30 ms below it, one thread), and sharp gates (small
-    ``sigma2``) and padding (:data:`~pyro_multihop.engine.log_space.MASKED_LOGIT`) make most entries of a
-    factor such inputs; ``exp2`` has no slow path (0.3 ms). The product adds one rounding: a relative error of at
-    most ``|x| eps``, an absolute error below ``eps / e`` for ``x <= 0``.
+    torch's CPU ``exp`` takes a slow path where its result underflows (float32 inputs below about -87), many
+    times slower than in range, and sharp gates (small ``sigma2``) and padding
+    (:data:`~pyro_multihop.engine.log_space.MASKED_LOGIT`) make most entries of a factor such inputs; ``exp2``
+    has no slow path (the sharp-gates section of docs/engine.md; benchmarks/results/engine_sharp.md times the
+    queries of a sharp gate). The product adds one rounding: a relative error of at most ``|x| eps``, an
+    absolute error below ``eps / e`` for ``x <= 0``.
 
     :param out: a tensor of ``x``'s shape to write into (not with autograd), or None for a fresh one.
     """
@@ -54,9 +55,9 @@ def exp(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
 
 
 def logsumexp(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
-    """``torch.logsumexp(x, dim)`` through :func:`exp` (no slow path for far-below-maximum entries: 2.6x faster
-    than torch's on a sharp ``(200, 300, 300)`` reduction, as fast on a flat one), differentiable; a slice of
-    ``-inf`` gives ``-inf``."""
+    """``torch.logsumexp(x, dim)`` through :func:`exp` (no slow path for far-below-maximum entries, which a sharp
+    gate's reductions are full of: the sharp-gates section of docs/engine.md), differentiable; a slice of ``-inf``
+    gives ``-inf``."""
     shift = x.detach().amax(dim, keepdim=True)
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
     total = torch.sub(x, shift).mul_(LOG2_E).exp2_().sum(dim, keepdim=True).log_().add_(shift)
@@ -83,8 +84,9 @@ def small_flat_index(rows: torch.Tensor, cols: torch.Tensor, num_cols: int, num_
 class _TableGather(torch.autograd.Function):
     """``table[rows, cols]`` as a ``take`` of flat indices, with a ``scatter_add`` backward.
 
-    For the ``(N, n, N)`` gathers of an enumerated gate, advanced indexing is about 1.5x slower forward,
-    and its backward (an accumulating ``index_put``) about 2x slower than these. The flat indices are
+    For the ``(N, n, N)`` gathers of an enumerated gate, advanced indexing is slower than these forward, and its
+    backward (an accumulating ``index_put``) slower still (``benchmarks/chained_loss.py`` times the enumerated
+    loss that uses them, benchmarks/results/chained_loss.md). The flat indices are
     rebuilt in the backward rather than stored, so the forward keeps no index tensor alive.
     """
 
@@ -116,8 +118,8 @@ def table_gather(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) ->
 
 
 def _take(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    # index_select rather than take: about 3x faster on one CPU thread for millions of entries from a table of
-    # a million (measured 2.8 against 8.1 ms); it also takes an int32 index (half the index traffic).
+    # index_select rather than take: faster on one CPU thread for millions of entries from a table of a million;
+    # it also takes an int32 index (half the index traffic).
     return flat.index_select(0, index.reshape(-1)).view(index.shape)
 
 

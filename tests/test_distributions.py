@@ -1,14 +1,18 @@
 """TableCategorical and GateCategorical against the plain Categorical they stand for; CollapsedHopChain's batch
-shapes, expand, vectorised particles, support and sampling against brute force and the enumerated model."""
+shapes, expand, vectorised particles, support and sampling against brute force and the enumerated model; the
+collapsed model's loss and gradient against the enumerated one's, in float64 and float32, and in fit_svi."""
 
+import engine_oracle
 import oracle
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from engine_oracle import HEADS, HOPS, brute_force, make_head, random_obs
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceEnum_ELBO
 
+from pyro_multihop import fit_svi, transitive_task
 from pyro_multihop.distributions import CollapsedHopChain, GateCategorical, TableCategorical
 
 
@@ -194,3 +198,90 @@ def test_batched_gates_must_share_one_gate_across_rows():
     draws = head.sample_embeddings(5, seed=0)
     with pytest.raises(ValueError, match="end in 1"):
         CollapsedHopChain(head.hop_gates(draws), obs)  # (5, S, D): one gate per row, not per particle
+
+
+# -- the collapsed model's loss, gradient and draws against the enumerated model's --------------------------
+def losses_and_grads(head, obs, collapsed, seed=0, **kwargs):
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        if collapsed:
+            loss = Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs, **kwargs)
+        else:
+            loss = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs, **kwargs)
+        return loss, torch.autograd.grad(loss, list(head.parameters()))
+
+
+def relative_error(got, want):
+    """Relative error in norm (gradient entries may cancel to about 0)."""
+    return float(torch.linalg.vector_norm(got.double() - want.double()) / torch.linalg.vector_norm(want.double()))
+
+
+@HEADS
+@HOPS
+def test_collapsed_loss_and_gradient_equal_the_enumerated_ones_in_float64(kind, hops):
+    head, obs = make_head(kind, hops, seed=60), random_obs(n=40, seed=61, masked=True, context=6)
+    kwargs = {"kl_weight": 0.3} if kind == "tied" else {}
+    enumerated, enumerated_grads = losses_and_grads(head, obs, collapsed=False, **kwargs)
+    collapsed, collapsed_grads = losses_and_grads(head, obs, collapsed=True, **kwargs)
+    assert relative_error(collapsed.detach(), enumerated.detach()) <= 1e-12
+    for got, want in zip(collapsed_grads, enumerated_grads):
+        assert relative_error(got, want) <= 1e-12
+
+
+@HEADS
+@HOPS
+def test_collapsed_loss_and_gradient_in_float32(kind, hops):
+    """float32: the losses agree to 1e-6. Two float32 computations of one gradient cannot agree to 1e-6: the
+    enumerated gradient itself is 1e-6 to 3e-6 (in norm) away from the float64 one here, so each is held to
+    1e-5 of the float64 gradient, and the collapsed one may not be worse than twice the enumerated error."""
+    obs = random_obs(n=40, seed=61, masked=True, context=6)
+    kwargs = {"kl_weight": 0.3} if kind == "tied" else {}
+    _, exact_grads = losses_and_grads(make_head(kind, hops, seed=60), obs, collapsed=False, **kwargs)
+    head = make_head(kind, hops, seed=60).float()
+    enumerated, enumerated_grads = losses_and_grads(head, obs, collapsed=False, **kwargs)
+    collapsed, collapsed_grads = losses_and_grads(head, obs, collapsed=True, **kwargs)
+    assert collapsed.dtype == torch.float32
+    assert relative_error(collapsed.detach(), enumerated.detach()) <= 1e-6
+    for got, want, exact in zip(collapsed_grads, enumerated_grads, exact_grads):
+        assert relative_error(want, exact) <= 1e-5
+        assert relative_error(got, exact) <= 1e-5
+        assert relative_error(got, exact) <= 2 * relative_error(want, exact)
+
+
+def test_collapsed_loss_is_the_exact_negative_log_likelihood():
+    head, obs = make_head("chained", 2, seed=62), random_obs(n=9, seed=63, masked=True)
+    loss, _ = losses_and_grads(head, obs, collapsed=True)
+    assert torch.allclose(loss, -brute_force(head, obs)["log_likelihood"].sum(), rtol=1e-12)
+    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    assert distribution.batch_shape == (len(obs),)
+    other = torch.randint(engine_oracle.T, (len(obs),), generator=torch.Generator().manual_seed(0))
+    relabelled = oracle.random_observations(9, engine_oracle.S, engine_oracle.T, engine_oracle.N, 63, True)
+    relabelled.target = other
+    assert torch.allclose(distribution.log_prob(other), brute_force(head, relabelled)["log_likelihood"], rtol=1e-12)
+
+
+def test_collapsed_sampling_follows_the_predictive():
+    head = make_head("chained", 2, seed=64)
+    obs = random_obs(n=1, seed=65)
+    obs = obs[torch.zeros(20000, dtype=torch.long)]
+    draws = CollapsedHopChain(head.hop_gates(), obs).sample()
+    frequencies = torch.bincount(draws, minlength=engine_oracle.T).double() / len(obs)
+    expected = brute_force(head, obs[:1])["predictive"][0]
+    assert torch.allclose(frequencies, expected, atol=0.015)  # 4.5 standard errors at p = 0.5, n = 20000
+
+
+@HEADS
+def test_fit_svi_collapsed_follows_the_enumerated_trajectory(kind):
+    train = transitive_task(60, num_symbols=engine_oracle.T, pairs=2, seed=0)
+    heads = [make_head(kind, 2, seed=70) for _ in range(2)]
+    metrics = [fit_svi(head, train, num_steps=20, progress=False, collapsed=collapsed, log_every=5)
+               for head, collapsed in zip(heads, (False, True))]
+    assert torch.allclose(torch.tensor(metrics[0]["loss"].values), torch.tensor(metrics[1]["loss"].values), rtol=1e-8)
+    for a, b in zip(heads[0].parameters(), heads[1].parameters()):
+        assert torch.allclose(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_fit_svi_collapsed_needs_a_bool():
+    head = make_head("chained", 2)
+    with pytest.raises(TypeError, match="collapsed"):
+        fit_svi(head, random_obs(), num_steps=1, progress=False, collapsed="yes")

@@ -15,7 +15,7 @@ implementations of one protocol (:mod:`.transitions`), and the query as the step
   position-dependent terms (``scores is None``).
 
 Both run in probability space (:mod:`.posterior`); a row that would underflow there is retried on its dense
-factors, normalised over its own positions (:func:`~.transitions.dense_retries`), and recomputed by
+factors, normalised over its own positions (:func:`~.routes.dense_retries`), and recomputed by
 the log-space recursions of :mod:`.log_space` only if it underflows there too, so every row is exact to rounding.
 
 Memory: each query allocates its output, then processes as many rows at a time as keep the chunk's working
@@ -29,21 +29,36 @@ The observations need only ``len()``, ``context_len``, ``obs[slice or LongTensor
 ``device``, ``mask``, ``full_mask()`` and ``target``; ``keys``, ``values`` and ``query`` are read only where
 the symbol tables are (``scores``, ``log_emission`` without a ``position_emission``, :func:`value_marginals`).
 
-Modules, one job each: :mod:`.budget` (the memory budget and chunking), :mod:`.hop_gates` (what a head hands
-the engine, the route choice), :mod:`.score_tables` (the gate's symbol tables, read lazily),
-:mod:`.symbol_likelihood` (the symbol route's likelihood gradient in closed form, for many symbols), :mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and
-its two routes), :mod:`.posterior` (forward-backward over chunks), :mod:`.queries` (likelihood, predictive,
-marginals), :mod:`.paths` (MAP, k best, sampling, entropy), :mod:`.log_space` (the log-space recursions on
-dense chunks).
+Modules, one job each: :mod:`.budget` (the memory budget, the working memory of a row, and chunking),
+:mod:`.hop_gates` (what a head hands the engine), :mod:`.score_tables` (the gate's symbol tables, read lazily),
+:mod:`.symbol_likelihood` (the symbol route's likelihood gradient in closed form, for many symbols),
+:mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and its two implementations),
+:mod:`.routes` (which route a chunk takes, a chunk prepared on one, the dense retry), :mod:`.posterior`
+(forward-backward over chunks), :mod:`.queries` (likelihood, predictive, marginals), :mod:`.paths` (MAP, k
+best, sampling, entropy), :mod:`.hop_posterior` (every row's posterior, its path queries read lazily),
+:mod:`.log_space` (the log-space recursions on dense chunks), :mod:`.moved_names` (deprecated aliases).
+
+The posterior classes are named by the rows they hold: :class:`HopPosterior` (every row: what a head's
+``posterior`` returns), :class:`ChunkPosterior` (one chunk, probability space) and :class:`LogChunkPosterior`
+(one chunk, log space).
 
 Shapes: ``n`` rows, ``c`` rows of a chunk, ``N`` positions, ``L`` hops, ``S`` symbols, ``T`` targets.
 """
 
-from .budget import DEFAULT_MEMORY_BUDGET, get_memory_budget, memory_budget, rows_within_budget, set_memory_budget
-from .hop_gates import ROUTES, SYMBOL_ROUTE_RATIO, HopGates, chain_from_scores, choose_route
-from .log_space import ChainPosterior, HopChain
+from .budget import (
+    DEFAULT_MEMORY_BUDGET,
+    dense_chunks,
+    get_memory_budget,
+    memory_budget,
+    rows_within_budget,
+    set_memory_budget,
+)
+from .hop_gates import HopGates, chain_from_scores
+from .hop_posterior import HopPosterior
+from .log_space import HopChain, LogChunkPosterior
+from .moved_names import deprecated_aliases
 from .score_tables import DenseScoreTables, KeyTableScores, ScoreTables, as_score_tables
-from .paths import HopPosterior, dense_chunks, k_best_paths, map_paths, path_entropy, sample_paths
+from .paths import k_best_paths, map_paths, path_entropy, sample_paths
 from .posterior import ChunkPosterior, forward_backward_chunks
 from .queries import (
     hop_marginals,
@@ -53,6 +68,7 @@ from .queries import (
     predict_proba,
     value_marginals,
 )
+from .routes import ROUTES, SYMBOL_ROUTE_RATIO, choose_route
 from .transitions import PositionTransitions, SymbolTransitions, Transitions, key_statistics_from_pairwise
 
 __all__ = [
@@ -63,7 +79,7 @@ __all__ = [
     "KeyTableScores",
     "as_score_tables",
     "HopPosterior",
-    "ChainPosterior",
+    "LogChunkPosterior",
     "DEFAULT_MEMORY_BUDGET",
     "SYMBOL_ROUTE_RATIO",
     "ROUTES",
@@ -91,3 +107,6 @@ __all__ = [
     "PositionTransitions",
     "key_statistics_from_pairwise",
 ]
+
+# Renamed (the posterior classes' scheme above); the old name is kept for one release.
+__getattr__ = deprecated_aliases(__name__, {"ChainPosterior": (__name__, "LogChunkPosterior")})

@@ -1,7 +1,11 @@
-"""The memory budget of one chunk, and the chunking of a query's rows under it.
+"""The memory budget of one chunk, the working memory of a row on each route, and the chunking of a query's
+rows under the budget.
 
 The budget is a :class:`contextvars.ContextVar`: :func:`set_memory_budget` changes it for the current
 context (thread or task), :func:`memory_budget` for a block, and every query also takes ``budget=``.
+:func:`rows_per_chunk` turns it into rows per chunk for a head's gates (:class:`~.hop_gates.HopGates`) and a
+route, :func:`row_slices` and :func:`device_chunk` cut the rows, and :func:`dense_chunks` yields the dense log
+factors of a head's rows chunk by chunk.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from .hop_gates import HopGates
+
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "get_memory_budget",
@@ -20,8 +26,11 @@ __all__ = [
     "memory_budget",
     "resolve_budget",
     "rows_within_budget",
+    "bytes_per_row",
+    "rows_per_chunk",
     "row_slices",
     "device_chunk",
+    "dense_chunks",
 ]
 
 #: Default working-memory budget of one chunk, in bytes (256 MiB).
@@ -67,6 +76,23 @@ def rows_within_budget(bytes_per_row: float, budget: Optional[float] = None) -> 
     return max(1, int(resolve_budget(budget) // bytes_per_row))
 
 
+def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: float = 0.0) -> float:
+    """Working memory of one row of a chunk on ``route``, in bytes (a generous count of live tensors)."""
+    if route == "symbols":  # set from the peaks in benchmarks/results/engine_memory.md, above an earlier count
+        elements = (5 * L + 9) * N + (6 * L + 3) * S
+    else:  # dense factors, their exponentials and the temporaries of a batched product or logsumexp
+        elements = (2 * max(L - 1, 1) + 3) * N * N + (3 * L + 4) * N
+    return (elements + extra) * itemsize + 8 * 4 * N  # int64 index tensors
+
+
+def rows_per_chunk(gates: HopGates, N: int, route: str, budget=None, extra: float = 0.0) -> int:
+    """Rows of ``N`` positions per chunk of ``gates`` on ``route`` under the budget, with ``extra`` elements a row
+    more."""
+    itemsize = gates.log_emission.element_size()
+    extra = extra + (0.0 if gates.extra_elements is None else gates.extra_elements(N))
+    return rows_within_budget(bytes_per_row(route, gates.n_hops, N, gates.num_symbols, itemsize, extra), budget)
+
+
 def row_slices(n: int, rows: int) -> Iterator[slice]:
     """Consecutive slices of at most ``rows`` rows covering ``range(n)``."""
     for start in range(0, n, rows):
@@ -77,3 +103,16 @@ def device_chunk(obs, rows, device: torch.device):
     """``obs[rows]`` on ``device`` (moved only when it is elsewhere)."""
     chunk = obs[rows]
     return chunk if chunk.device == device else chunk.to(device)
+
+
+def dense_chunks(gates: HopGates, obs, budget, extra: float = 0.0):
+    """``(rows, chunk, chain, log_emission)`` for the chunks of ``obs`` on the position route under the budget,
+    without gradients: ``rows`` a slice of ``obs``, ``chunk`` its rows on the gates' device, ``chain`` their dense
+    log factors (:class:`~.log_space.HopChain`) and ``log_emission`` ``(c, N)`` the target's log-probability at
+    each position."""
+    n, N = len(obs), obs.context_len
+    device = gates.log_emission.device
+    with torch.no_grad():
+        for part in row_slices(n, rows_per_chunk(gates, N, "positions", budget, extra)):
+            chunk = device_chunk(obs, part, device)
+            yield part, chunk, gates.dense_chain(chunk), gates.target_log_probs(chunk)

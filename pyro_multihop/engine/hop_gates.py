@@ -1,5 +1,5 @@
-"""What a head hands the engine (:class:`HopGates`), the dense log factors of a gate given by score tables,
-and the choice between the two routes."""
+"""What a head hands the engine (:class:`HopGates`), and the first-hop distribution and dense log factors of a
+gate given by score tables. Which route a chunk takes is :mod:`.routes`."""
 
 from __future__ import annotations
 
@@ -8,20 +8,14 @@ from typing import Callable, Optional
 import torch
 
 from .log_space import HopChain, masked_log_softmax
+from .moved_names import deprecated_aliases
 from .score_tables import ScoreTables, as_score_tables
 
-__all__ = ["HopGates", "SYMBOL_ROUTE_RATIO", "ROUTES", "chain_from_scores", "choose_route", "first_hop_log_probs"]
+__all__ = ["HopGates", "chain_from_scores", "first_hop_log_probs"]
 
-#: The two routes of the engine: transitions factored through symbol space, or dense over positions.
-ROUTES = ("symbols", "positions")
-
-#: A forward pass (log-likelihood, predictive, and their gradients) takes the symbol route while
-#: ``S^2 <= SYMBOL_ROUTE_RATIO * N^2``; a forward-backward pass (marginals, the EM statistics), whose
-#: position route also forms pairwise terms, while ``S^2 <= 4 * SYMBOL_ROUTE_RATIO * N^2``. Measured with
-#: ``L = 3`` (one thread): the forward crossover lies at ``S`` about ``4 N`` for ``N`` = 10, 30 and 100; the
-#: E-step's at ``S`` about ``4 N`` for ``N = 10`` and beyond ``8 N`` for ``N`` = 30 and 100 (see docs/engine.md).
-SYMBOL_ROUTE_RATIO = 16.0
-
+# The route choice moved to .routes; kept here for one release.
+__getattr__ = deprecated_aliases(__name__, {name: ("pyro_multihop.engine.routes", name)
+                                            for name in ("ROUTES", "SYMBOL_ROUTE_RATIO", "choose_route")})
 
 class HopGates:
     """A head's gate and emission, as the engine needs them.
@@ -124,15 +118,3 @@ def chain_from_scores(scores, obs) -> HopChain:
     if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): normalise once
         return HopChain(init, masked_log_softmax(later[0], pair_mask).unsqueeze(0).expand_as(later))
     return HopChain(init, masked_log_softmax(later, pair_mask))
-
-
-def choose_route(gates: HopGates, context_len: int, backward: bool = False, max_product: bool = False) -> str:
-    """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions, for a forward pass, a
-    forward-backward pass (``backward``), or a max-product pass (``max_product``: the MAP and k best paths, whose
-    symbol route takes an ``(S, S)`` max a hop against the position route's ``(N, N)``, so it pays while
-    ``S <= N``); see :data:`SYMBOL_ROUTE_RATIO`."""
-    if gates.score_tables is None:
-        return "positions"
-    S = gates.score_tables.num_symbols
-    ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1) / (16 if max_product else 1)
-    return "symbols" if S * S <= ratio * context_len * context_len else "positions"

@@ -26,11 +26,12 @@ import torch
 
 from ..checks import check_positive_int
 from ..gate_ops import exp, log_normalize, logsumexp
+from .moved_names import deprecated_aliases
 from .recursion import recurse
 
 __all__ = [
     "HopChain",
-    "ChainPosterior",
+    "LogChunkPosterior",
     "draw_by_inverse_cdf",
     "MASKED_LOGIT",
     "masked_log_softmax",
@@ -43,6 +44,9 @@ __all__ = [
     "chain_entropy",
     "chain_k_best",
 ]
+
+# Renamed (<rows>Posterior, Log for log space); the old name is kept for one release.
+__getattr__ = deprecated_aliases(__name__, {"ChainPosterior": (__name__, "LogChunkPosterior")})
 
 # Logit given to padding positions: exp() of it is exactly 0 in float32 and float64, yet sums of a few
 # of them stay finite, so no inf - inf = NaN appears in the log-space recursions or their gradients.
@@ -78,8 +82,11 @@ class HopChain(NamedTuple):
         return 1 + self.trans.shape[0]
 
 
-class ChainPosterior(NamedTuple):
-    """Exact posterior over the hop paths of one dense chunk (what :func:`chain_posterior` returns).
+class LogChunkPosterior(NamedTuple):
+    """Exact posterior over the hop paths of one dense chunk of rows, computed in log space (what
+    :func:`chain_posterior` returns; the probability-space counterpart is
+    :class:`~pyro_multihop.engine.posterior.ChunkPosterior`, every row's posterior
+    :class:`~pyro_multihop.engine.HopPosterior`).
 
     :ivar log_likelihood: ``(n,)``, ``log p(target | context, query)``.
     :ivar hop_marginals: ``(L, n, N)``, ``p(z_l = i | observation)``.
@@ -176,7 +183,7 @@ def last_hop_prior(chain: HopChain) -> torch.Tensor:
     return _log_forward_messages(chain)[-1].exp()
 
 
-def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> ChainPosterior:
+def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> LogChunkPosterior:
     """Forward-backward: log-likelihood, per-hop and pairwise posterior marginals, and the MAP path."""
     alphas = _log_forward_messages(chain)
     betas = _log_backward_messages(chain, log_emission)
@@ -189,7 +196,7 @@ def chain_posterior(chain: HopChain, log_emission: torch.Tensor) -> ChainPosteri
     ]
     n, N = chain.init.shape
     pairwise_marginals = torch.stack(pairwise) if pairwise else chain.init.new_zeros(0, n, N, N)
-    return ChainPosterior(log_likelihood, hop_marginals, pairwise_marginals, chain_map_paths(chain, log_emission))
+    return LogChunkPosterior(log_likelihood, hop_marginals, pairwise_marginals, chain_map_paths(chain, log_emission))
 
 
 def chain_map_paths(chain: HopChain, log_emission: torch.Tensor) -> torch.Tensor:
@@ -273,7 +280,8 @@ def _inverse_cdf(logits: torch.Tensor, num_draws: int, generator: Optional[torch
 def draw_by_inverse_cdf(weights: torch.Tensor, num_draws: int, generator: Optional[torch.Generator],
                         in_place: bool = False) -> torch.Tensor:
     """``num_draws`` independent draws ``(..., num_draws)`` from each row of non-negative ``weights (..., N)``,
-    by inverse CDF (several times faster than ``torch.multinomial`` on many short rows).
+    by inverse CDF (faster than ``torch.multinomial`` on many short rows; ``sample_paths`` in
+    benchmarks/results/engine_paths.md).
 
     ``u`` is uniform below the row total, and the first position whose cumulative weight exceeds ``u``
     has a positive weight, so a position of probability zero is never drawn (a row of zeros gives ``N - 1``).

@@ -2,19 +2,18 @@
 max-product and k-max product with rescaling, posterior samples by forward filtering and backward sampling
 over the forward messages, and the path entropy from the forward-backward messages; rows that underflow in
 probability space are retried on their dense factors, then recomputed in log space (:mod:`.log_space`), as for
-the marginals. :class:`HopPosterior` is a head's posterior, with the path queries computed when first read."""
+the marginals. :class:`~.hop_posterior.HopPosterior` reads them lazily."""
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
 
 import torch
 
 from ..checks import check_positive_int
-from .budget import device_chunk, row_slices
-from .hop_gates import HopGates, choose_route
+from .budget import device_chunk, row_slices, rows_per_chunk
+from .hop_gates import HopGates
 from .log_space import (
     chain_entropy,
     chain_k_best,
@@ -22,22 +21,17 @@ from .log_space import (
     chain_sample_posterior,
     draw_by_inverse_cdf,
 )
+from .moved_names import deprecated_aliases
 from .posterior import posterior_chunk, rows_in_log_space, shifted_emission
-from .queries import posterior_marginals
 from .recursion import forward_messages, recurse, underflow_floor
-from .transitions import PositionTransitions, dense_retries, prepare, rows_per_chunk
+from .routes import choose_route, dense_retries, prepare
+from .transitions import PositionTransitions
 
-__all__ = ["HopPosterior", "dense_chunks", "map_paths", "sample_paths", "path_entropy", "k_best_paths"]
+__all__ = ["map_paths", "sample_paths", "path_entropy", "k_best_paths"]
 
-
-def dense_chunks(gates: HopGates, obs, budget, extra: float = 0.0):
-    """``(rows, chunk, chain, log_emission)`` over dense log-space chunks."""
-    n, N = len(obs), obs.context_len
-    device = gates.log_emission.device
-    with torch.no_grad():
-        for part in row_slices(n, rows_per_chunk(gates, N, "positions", budget, extra)):
-            chunk = device_chunk(obs, part, device)
-            yield part, chunk, gates.dense_chain(chunk), gates.target_log_probs(chunk)
+# Moved to .hop_posterior and .budget; kept here for one release.
+__getattr__ = deprecated_aliases(__name__, {"HopPosterior": ("pyro_multihop.engine.hop_posterior", "HopPosterior"),
+                                            "dense_chunks": ("pyro_multihop.engine.budget", "dense_chunks")})
 
 
 def _chunks(gates: HopGates, obs, route: str, budget, extra: float = 0.0):
@@ -78,7 +72,7 @@ def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=
                budget=None) -> torch.Tensor:
     """The MAP paths of a chunk; ``prepared`` and ``emission`` (``shifted_emission``'s triple) when a
     forward-backward pass on the same route already formed them. Rows that underflow are retried on the dense
-    route (:func:`~.transitions.dense_retries`), then recomputed in log space."""
+    route (:func:`~.routes.dense_retries`), then recomputed in log space."""
     prepared = prepare(gates, chunk, route) if prepared is None else prepared
     transitions = prepared.transitions
     if emission is None or not given_target:
@@ -106,14 +100,24 @@ def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=
     return paths
 
 
-def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True) -> torch.Tensor:
+def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True, kept=()) -> torch.Tensor:
     """``(n, L)`` LongTensor, the most probable hop path given the target (Viterbi by max-product; ties to the
-    lowest index); with ``given_target=False`` the most probable path of the prior chain (targets ignored)."""
+    lowest index); with ``given_target=False`` the most probable path of the prior chain (targets ignored).
+
+    :param kept: ``(rows, prepared, emission)`` of the first chunks of ``obs`` in order (``rows`` consecutive
+        slices from 0, ``prepared`` a :class:`~.routes.PreparedChunk` on the max-product's route, ``emission``
+        its :func:`~.posterior.shifted_emission` triple), as a forward-backward pass kept them
+        (:func:`~.queries.posterior_marginals`' ``keep``): decoded without preparing them again."""
     out = torch.empty(len(obs), gates.n_hops, dtype=torch.long, device=gates.log_emission.device)
     route = choose_route(gates, obs.context_len, max_product=True)
+    done = 0
     with torch.no_grad():
-        for part, chunk in _chunks(gates, obs, route, budget):
-            out[part] = _map_chunk(gates, chunk, route, given_target, budget=budget)
+        for part, prepared, emission in kept:
+            out[part] = _map_chunk(gates, prepared.obs, route, given_target, prepared, emission, budget)
+            done = part.stop
+        rest = obs[done:] if done else obs
+        for part, chunk in _chunks(gates, rest, route, budget):
+            out[done + part.start:done + part.stop] = _map_chunk(gates, chunk, route, given_target, budget=budget)
     return out
 
 
@@ -141,7 +145,8 @@ def _k_best_by_enumeration(weights, init: torch.Tensor, emission: torch.Tensor, 
     r), paths (c, r, L), log of the scales divided out (c,), ok (c,))``."""
     c, s = init.shape
     # The paths so far (m, c), the last hop's position varying fastest, the rows last: the products and the
-    # maxima over the paths run along contiguous rows (0.25 ms less than rows first at c = 936, s = 5, L = 3).
+    # maxima over the paths run along contiguous rows, faster than with the rows first (``k_best_paths`` in
+    # benchmarks/results/engine_paths.md).
     scores = init.t()
     log_scale = torch.zeros_like(init[:, 0])
     ok = torch.ones_like(init[:, 0], dtype=torch.bool)
@@ -169,8 +174,7 @@ def _largest(scores: torch.Tensor, k: int, rest: bool = False, in_place: bool = 
     """``(values (c, k), positions (c, k))``: the ``k`` largest entries of each row of ``scores (c, N)``
     (``N >= k``), best first; with ``rest``, also ``(c,)`` the largest of the others (``N > k``). For small ``k``,
     by taking out row maxima one at a time (in ``scores`` itself with ``in_place``): ``k`` passes over ``(c, N)``,
-    where a top-k sorts each row (0.55 ms at ``c = 1000``, ``N = 100``, ``k = 5``, against 0.95 ms for
-    ``topk(6)``)."""
+    less work than a top-k's sort of each row (``k_best_paths`` in benchmarks/results/engine_paths.md)."""
     if k > 8:
         values, positions = scores.topk(k + rest, dim=-1)
         return (values[:, :k], positions[:, :k], values[:, k]) if rest else (values, positions)
@@ -191,9 +195,9 @@ def _top_positions(scores: torch.Tensor, k: int):
 
     Each entry's bits, read as an integer (monotone in a non-negative float), keep their high bits and carry the
     position's rank in the low ``ceil(log2 N)`` bits: one integer row maximum gives a position (ties and values
-    within ``2^-(mantissa bits - log2 N)`` of each other, relatively, in index order), and ``k`` of them take
-    0.28 ms at ``c = 1000``, ``N = 100``, ``k = 5``, against 0.75 ms for ``k`` float row maxima with their
-    positions (the integer maximum is vectorised, the float one with its index is not). The k positions need not be
+    within ``2^-(mantissa bits - log2 N)`` of each other, relatively, in index order), and ``k`` of them cost less
+    than ``k`` float row maxima with their positions: the integer maximum is vectorised, the float one with its
+    index is not (``k_best_paths`` in benchmarks/results/engine_paths.md). The k positions need not be
     the exact top k: any k distinct positions' smallest value bounds the k-th best path from below, and ``rest``
     bounds every other position from above."""
     c, N = scores.shape
@@ -455,69 +459,3 @@ def path_entropy(gates: HopGates, obs, budget=None, given_target: bool = True) -
                                                                      gamma[hop + 1])
                 out[rows[piece.rows]] = entropy
     return out
-
-
-# -- the lazy posterior -----------------------------------------------------------------------------------------
-class HopPosterior:
-    """The exact posterior over the hop paths of ``n`` observations under a head.
-
-    Built by one forward-backward pass (:func:`~.queries.posterior_marginals`); the path queries run, in
-    chunks under the budget, when first read, and are kept. When the max-product takes the pass's route, the pass
-    keeps its first chunks' prepared transitions, up to the memory budget in all, and the MAP read runs on them
-    rather than preparing those chunks again.
-
-    :ivar log_likelihood: ``(n,)``, ``log p(target | context, query)``.
-    :ivar hop_marginals: ``(L, n, N)``, ``p(z_l = i | observation)``.
-    :ivar pairwise_marginals: ``(L - 1, n, N, N)``, ``p(z_l = i, z_{l+1} = j | observation)``, when built with
-        ``pairwise=True`` (from the same pass), else None (``O(n N^2)`` memory).
-    """
-
-    def __init__(self, gates: HopGates, obs, budget: Optional[int] = None, pairwise: bool = False):
-        self.gates, self.obs, self.budget = gates, obs, budget
-        N, L = obs.context_len, gates.n_hops
-        # The first chunks' prepared transitions are kept (within the memory budget), so that the MAP read later
-        # skips preparing them again, when the forward-backward and the max-product take the same route.
-        route = choose_route(gates, N, backward=True)
-        self._route = route if choose_route(gates, N, max_product=True) == route else None
-        self._prepared = [] if self._route is not None else None
-        if route == "symbols":  # init, real positions, emission (c, N) each, and 1 / R (c, S) a transition
-            row_elements = 3 * N + (L - 1) * gates.num_symbols + 2
-        else:  # the (c, N, N) weights a transition (and the dense log factors they may come from), 1 / R, init
-            row_elements = 2 * (L - 1) * N * N + (L + 3) * N + 2
-        row_bytes = row_elements * gates.log_emission.element_size()
-        self.log_likelihood, self.hop_marginals, self.pairwise_marginals = posterior_marginals(
-            gates, obs, budget, pairwise=pairwise, keep=self._prepared, kept_bytes_per_row=row_bytes)
-        self._k_best = {}
-
-    @functools.cached_property
-    def map_paths(self) -> torch.Tensor:
-        """``(n, L)`` LongTensor, the most probable hop path (computed on first read)."""
-        if not self._prepared:
-            return map_paths(self.gates, self.obs, self.budget)
-        out = torch.empty(len(self.obs), self.gates.n_hops, dtype=torch.long, device=self.gates.log_emission.device)
-        with torch.no_grad():
-            for part, prepared, emission in self._prepared:
-                out[part] = _map_chunk(self.gates, prepared.obs, self._route, True, prepared, emission, self.budget)
-        done = self._prepared[-1][0].stop
-        if done < len(self.obs):
-            out[done:] = map_paths(self.gates, self.obs[done:], self.budget)
-        return out
-
-    @functools.cached_property
-    def path_entropy(self) -> torch.Tensor:
-        """``(n,)`` entropy, in nats, of the posterior over hop paths (computed on first read)."""
-        return path_entropy(self.gates, self.obs, self.budget)
-
-    def k_best_paths(self, k: int):
-        """``(paths (n, k, L), log_probs (n, k))``, the ``k`` most probable paths (kept per ``k``)."""
-        if k not in self._k_best:
-            self._k_best[k] = k_best_paths(self.gates, self.obs, k, self.budget)
-        return self._k_best[k]
-
-    def sample_paths(self, num_samples: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """``(num_samples, n, L)`` hop paths drawn from the posterior (fresh draws at every call)."""
-        return sample_paths(self.gates, self.obs, num_samples, generator, self.budget)
-
-    def __repr__(self) -> str:
-        L, n, N = self.hop_marginals.shape
-        return f"HopPosterior(n={n}, L={L}, N={N})"

@@ -6,7 +6,7 @@ Forward messages are distributions (transitions are row-stochastic), backward me
 maximum of 1 at every hop, and the emission is shifted by its row maximum. A row whose sums would fall below
 :func:`~.recursion.underflow_floor` in that form (an underflowing normaliser ``R``, message or likelihood;
 tiny ``sigma2`` with far-apart keys) is retried on its dense factors, normalised over the row's own positions
-(:func:`~.transitions.dense_retries`); a row that underflows there too is recomputed by the log-space recursions
+(:func:`~.routes.dense_retries`); a row that underflows there too is recomputed by the log-space recursions
 of :mod:`.log_space`, so every row is exact to rounding.
 """
 
@@ -17,24 +17,20 @@ from typing import Iterator, List, Optional
 
 import torch
 
-from .budget import device_chunk, row_slices
-from .hop_gates import HopGates, choose_route
+from .budget import device_chunk, row_slices, rows_per_chunk
+from .hop_gates import HopGates
 from .log_space import HopChain, chain_posterior
 from .recursion import backward_messages, forward_messages, underflow_floor
-from .transitions import (
-    PreparedChunk,
-    Transitions,
-    dense_retries,
-    key_statistics_from_pairwise,
-    prepare,
-    rows_per_chunk,
-)
+from .routes import PreparedChunk, choose_route, dense_retries, prepare
+from .transitions import Transitions, key_statistics_from_pairwise
 
 __all__ = ["ChunkPosterior", "forward_backward_chunks", "posterior_chunk", "shifted_emission", "rows_in_log_space"]
 
 
 class ChunkPosterior:
-    """The posterior of one chunk, as :func:`forward_backward_chunks` yields it.
+    """The posterior of one chunk of rows in probability space, as :func:`forward_backward_chunks` yields it (its
+    log-space counterpart is :class:`~.log_space.LogChunkPosterior`, every row's posterior
+    :class:`~.hop_posterior.HopPosterior`).
 
     :ivar rows: LongTensor, the chunk's rows in the data. :ivar obs: the chunk (on the gates' device).
     :ivar log_likelihood: ``(c,)``.
@@ -46,7 +42,7 @@ class ChunkPosterior:
     :ivar pairwise: ``(L - 1, c, N, N)`` for the ``"log"`` route or when asked for, else None.
 
     Not for ``"log"``: ``prepared``, ``emission`` and ``part`` hold the whole chunk's
-    :class:`~.transitions.PreparedChunk`, its :func:`shifted_emission` triple and its slice of the data.
+    :class:`~.routes.PreparedChunk`, its :func:`shifted_emission` triple and its slice of the data.
     """
 
     def __init__(self, rows, obs, log_likelihood, route, alphas=None, betas=None, totals=None,
@@ -113,7 +109,7 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
     """Forward-backward of one chunk: a list of :class:`ChunkPosterior` covering its rows once (row indices
     relative to the chunk). The first holds the rows computed in probability space on ``route`` (with the whole
     chunk's ``prepared`` and ``emission``); the rows that underflow there follow, retried on the ``"dense"`` route
-    (:func:`~.transitions.dense_retries`), and the rows that underflow on their dense factors too come last, in
+    (:func:`~.routes.dense_retries`), and the rows that underflow on their dense factors too come last, in
     log space (route ``"log"``). With ``given_target=False`` the emission is 1 everywhere (the posterior is the
     prior chain)."""
     L = gates.n_hops
@@ -179,7 +175,7 @@ def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = 
     too recomputed in log space (``route = "log"``, with pairwise marginals). Their ``rows`` index ``obs``; only
     the first object of a chunk has ``part``, ``prepared`` and ``emission``.
 
-    :param route: force ``"symbols"`` or ``"positions"`` (default :func:`~.hop_gates.choose_route`).
+    :param route: force ``"symbols"`` or ``"positions"`` (default :func:`~.routes.choose_route`).
     :param rows: rows per chunk (default: as many as the budget allows).
     """
     n, N = len(obs), obs.context_len

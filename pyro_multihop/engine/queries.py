@@ -6,28 +6,29 @@ from typing import Optional
 
 import torch
 
-from .budget import device_chunk, resolve_budget, row_slices
-from .hop_gates import HopGates, choose_route, first_hop_log_probs
+from .budget import device_chunk, resolve_budget, row_slices, rows_per_chunk
+from .hop_gates import HopGates, first_hop_log_probs
 from .log_space import chain_log_likelihood
 from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
 from .recursion import forward_messages, underflow_floor
+from .routes import PreparedChunk, choose_route, dense_retries, prepare
 from .symbol_likelihood import key_table_symbol_route_total, symbol_route_total, takes_key_tables
-from .transitions import PreparedChunk, dense_retries, prepare, rows_per_chunk
 
 __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
            "value_marginals"]
 
 
 #: From this many symbols on, the symbol route's gradient comes from the forward-backward messages
-#: (:mod:`.symbol_likelihood`). Measured on one thread (loss plus backward of a chained head, N = 300, 20 rows,
-#: nine rotated rounds) against autograd through the recursion: 0.98x the time at S = 50 and 128, 0.88x at 256,
-#: 0.73-0.75x at 400 and 1000; below the threshold the two are within noise, and autograd's path is the simpler.
+#: (:mod:`.symbol_likelihood`): from here on it takes clearly less time than autograd through the recursion (loss
+#: plus backward of a chained head on one thread; the closed form's paragraph of docs/engine.md, and the collapsed
+#: loss at ``S = 1000`` in benchmarks/results/engine_speed.md); below it the two are within noise, and autograd's
+#: path is the simpler.
 CLOSED_FORM_MIN_SYMBOLS = 256
 
 
 def _log_likelihood_chunk(gates: HopGates, chunk, route: str, budget=None) -> torch.Tensor:
     """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows retried on the dense route
-    (:func:`~.transitions.dense_retries`), then recomputed in log space. On the
+    (:func:`~.routes.dense_retries`), then recomputed in log space. On the
     symbol route with gradients, the total's gradient comes from the forward-backward messages
     (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
     directly, else from the score tables' transition weights."""
@@ -93,7 +94,7 @@ def predict_proba(gates: HopGates, obs, budget=None) -> torch.Tensor:
 
 def _predict_chunk(gates: HopGates, chunk, route: str, emission: torch.Tensor, by_symbol: bool, budget=None):
     """``(c, T)``: :func:`predict_proba` of one chunk; rows whose transitions underflow retried on the dense route
-    (:func:`~.transitions.dense_retries`), whose transitions never do."""
+    (:func:`~.routes.dense_retries`), whose transitions never do."""
     prepared = prepare(gates, chunk, route)
     alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]  # (c, N) p(z_L = i)
     if gates.position_emission is not None:

@@ -86,7 +86,8 @@ def _backward_products(transitions, alphas, emission, tables, grad, write) -> to
         out = transitions.leaving(alphas[hop], hop) * grad  # (c, S)
         # The gradient is unchanged when beta moves by a constant a row (arriving by m key_counts, back by m,
         # P being stochastic); centred on its mean over the real positions, the two terms of each row's
-        # difference are smaller, and so is the rounding of their cancelling sum (in float32, about 3x).
+        # difference are smaller, and so is the rounding of their cancelling sum (in float32 the gradient's error
+        # against float64 is then below autograd's: tests/engine/test_symbol_likelihood.py checks it).
         centre = (beta * real).sum(-1, keepdim=True) / real.sum(-1, keepdim=True).clamp_min(1.0)
         # (S_k, S_v) = [arriving; -key_counts]^T [out; out * back]
         left = torch.cat([arriving - centre * key_counts, -key_counts]).transpose(0, 1)

@@ -9,7 +9,8 @@
 
 Every recursion of the engine (:mod:`.recursion`) and the EM statistics go through the protocol, so a new
 gate plugs in as one more implementation, and a new query as one more method with a generic default (built
-on :meth:`Transitions.matrix`) that an implementation may override with a faster one.
+on :meth:`Transitions.matrix`) that an implementation may override with a faster one. Which route a chunk
+takes, and preparing a chunk on it, is :mod:`.routes`.
 
 Shapes: ``c`` rows, ``N`` positions, ``S`` symbols; ``hop`` indexes the ``L - 1`` transitions (0-based:
 transition ``hop`` goes from ``z_{hop+1}`` to ``z_{hop+2}``).
@@ -18,26 +19,29 @@ transition ``hop`` goes from ``z_{hop+1}`` to ``z_{hop+2}``).
 from __future__ import annotations
 
 import warnings
-from typing import List, NamedTuple, Optional
+from typing import List, Optional
 
 import torch
 
-from ..gate_ops import SHORT_ROW, exp, flat_gather, small_flat_index
-from .budget import row_slices, rows_within_budget
-from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
-from .log_space import MASKED_LOGIT, HopChain, masked_log_softmax
+from ..gate_ops import exp, flat_gather, small_flat_index
+from .hop_gates import HopGates
+from .log_space import HopChain
+from .moved_names import deprecated_aliases
 from .recursion import underflow_floor
 
 __all__ = [
     "Transitions",
     "SymbolTransitions",
     "PositionTransitions",
-    "PreparedChunk",
-    "prepare",
-    "dense_retries",
-    "rows_per_chunk",
     "key_statistics_from_pairwise",
 ]
+
+# Moved to .routes (route choice) and .budget (working memory per row), kept here for one release.
+__getattr__ = deprecated_aliases(__name__, {
+    **{name: ("pyro_multihop.engine.routes", name)
+       for name in ("PreparedChunk", "prepare", "dense_retries", "DENSE_RETRY_ELEMENTS")},
+    **{name: ("pyro_multihop.engine.budget", name) for name in ("bytes_per_row", "rows_per_chunk")},
+})
 
 
 def key_statistics_from_pairwise(pairwise: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -57,7 +61,7 @@ class Transitions:
     hop) that an implementation may replace.
 
     :ivar ok: ``(c,)`` bool, rows whose transitions are representable in probability space (the caller retries
-        the others on their dense factors, :func:`dense_retries`).
+        the others on their dense factors, :func:`~.routes.dense_retries`).
     :ivar keys, values: ``(c, N)`` symbols of the chunk, or None (a gate without symbol tables).
     :ivar num_symbols: ``S`` (for :meth:`key_statistics`).
     """
@@ -289,8 +293,9 @@ class SymbolTransitions(Transitions):
         c, s, N = len(keys), keys.shape[1], self.values.shape[1]
         by_key = self.weights[hop].transpose(0, 1)  # (S_k, S_v), contiguous when the table is kept by key
         if keys.numel() >= by_key.shape[0]:
-            # Reading more rows than the table holds: one copy (none if contiguous) beats strided reads, 0.1 ms
-            # against 0.4-0.6 ms at S = 50, c s = 10 000; for few draws (MAP decoding) the copy would cost more.
+            # Reading more rows than the table holds: one copy (none if contiguous) beats strided reads of the
+            # transposed table; for few draws (MAP decoding) the copy would cost more than it saves. The path
+            # queries on this route are timed in benchmarks/results/engine_paths.md.
             by_key = by_key.contiguous()
         columns = by_key.index_select(0, keys.flatten()).view(c, s, -1)  # (c, s, S): E[:, key] of each draw
         arriving = torch.gather(columns, -1, self.values.unsqueeze(1).expand(c, s, N), out=out)  # E[v_i, key]
@@ -317,10 +322,11 @@ class SymbolTransitions(Transitions):
 def max_times(rows: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``(c, K)``: ``out[c, k] = max_v rows[c, v] table[v, k]``, the max-product of ``rows (c, V)`` and ``table
     (V, K)`` (both non-negative). For many rows, a running maximum over ``v`` (``V`` in-place products) rather than
-    a ``(c, V, K)`` temporary: the same products, about 2.5x faster at ``V = K = 50``, ``c = 1000`` on one thread;
-    for few rows one broadcast (the loop's per-step cost would dominate). The loop runs on the transpose, ``(K, c)``,
-    so that each step scales contiguous rows by one entry of the table (0.57 ms against 0.68 ms when each step
-    scaled a table row by a strided column of ``rows``); the result is its transposed view."""
+    a ``(c, V, K)`` temporary: the same products without writing and re-reading the temporary, faster on one
+    thread; for few rows one broadcast (the loop's per-step cost would dominate). The loop runs on the transpose,
+    ``(K, c)``, so that each step scales contiguous rows by one entry of the table rather than a table row by a
+    strided column of ``rows``; the result is its transposed view. The symbol route's max-product is timed in
+    benchmarks/results/engine_paths.md (``map_paths``, ``k_best_paths``)."""
     c, V = rows.shape
     if c * table.shape[1] < MAX_TIMES_LOOP_ELEMENTS or V == 1:
         return (rows.unsqueeze(-1) * table).amax(-2)
@@ -339,9 +345,10 @@ MAX_TIMES_LOOP_ELEMENTS = 8192
 
 def _max_by_symbol(flat_index: torch.Tensor, x: torch.Tensor, num_symbols: int) -> torch.Tensor:
     """``(c, S)``: ``out[c, s] = max(0, max_i x[c, i] [symbol_ci = s])`` for ``x (c, N) >= 0``, given the flat
-    index ``c * S + symbol_ci`` (:meth:`SymbolTransitions.flat_index`). ``index_reduce_`` over the flat index
-    takes 0.24 ms at ``c = 1000``, ``N = 100``, ``S = 50``, against 0.31 ms for a ``scatter_reduce`` over the rows;
-    it is in beta, and says so once per process: that warning is not the user's concern."""
+    index ``c * S + symbol_ci`` (:meth:`SymbolTransitions.flat_index`): ``index_reduce_`` over the flat index, one
+    pass over ``c N`` entries, was faster than a ``scatter_reduce`` over the rows when compared (``map_paths`` in
+    benchmarks/results/engine_paths.md times the route). It is in beta, and says so once per process: that
+    warning is not the user's concern."""
     out = x.new_zeros(x.shape[0] * num_symbols)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="index_reduce", category=UserWarning)
@@ -417,104 +424,3 @@ class PositionTransitions(Transitions):
     def backward(self, message, hop):
         message = torch.bmm(self.weights[hop], message.unsqueeze(-1)).squeeze(-1)
         return message if self.inverse_normalisers is None else message * self.inverse_normalisers[hop]
-
-
-class PreparedChunk(NamedTuple):
-    """One chunk prepared for the recursion: its first-hop distribution, transitions and dense chain."""
-
-    obs: object
-    init: torch.Tensor  # (c, N) p(z_1 = i)
-    transitions: Transitions
-    chain: Optional[HopChain]  # the dense log factors when the route built them, else None
-    normalised: bool = False  # transitions normalised over each row's own positions (the dense route): no retry
-
-
-def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
-    """The first-hop distribution and the transitions of ``chunk`` on ``route``: ``"symbols"``, ``"positions"``,
-    or ``"dense"``, the position route on each row's own logits, every transition normalised over the row's
-    positions by a softmax (the retry of rows that underflow on the other two, see :func:`dense_retries`; a
-    gate without score tables exponentiates its dense log factors).
-
-    On the position route with score tables, a chunk whose ``c N^2`` pairs are fewer than the ``S^2`` entries
-    of a table gathers its logits before exponentiating them (:func:`~.hop_gates.chain_from_scores`), rather
-    than exponentiating, and differentiating through, the whole ``(L - 1, S, S)`` table.
-    """
-    if route == "symbols":
-        transitions = SymbolTransitions.build(gates, chunk)  # first: the first hop then reads the whole tables
-        return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
-    if route == "dense" and gates.score_tables is not None:
-        # softmax, not log_softmax then exp: one pass, and torch's softmax has no slow path where entries underflow
-        first, later = gates.score_tables.chain_logits(chunk)
-        pair_mask = None if chunk.mask is None else chunk.mask.unsqueeze(-2)
-        weights = list(_masked_softmax(later, pair_mask).unbind(0))
-        ok = torch.ones(len(chunk), dtype=torch.bool, device=first.device)
-        transitions = PositionTransitions(weights, None, ok, chunk.keys, chunk.values, gates.num_symbols)
-        return PreparedChunk(chunk, _masked_softmax(first, chunk.mask), transitions, None, normalised=True)
-    if route == "dense":
-        chain = gates.dense_chain(chunk)
-    elif gates.score_tables is not None:
-        S, N = gates.score_tables.num_symbols, chunk.context_len
-        if gates.n_hops == 1 or len(chunk) * N * N >= S * S:
-            transitions = PositionTransitions.from_scores(gates, chunk)
-            return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
-        chain = chain_from_scores(gates.score_tables, chunk)
-    else:
-        chain = gates.dense_chain(chunk)
-    transitions = PositionTransitions.from_chain(chain, chunk, gates.num_symbols)
-    return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
-
-
-def _masked_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """``softmax`` over the last dim, positions where ``mask`` is False given probability 0. Rows shorter than
-    :data:`~pyro_multihop.gate_ops.SHORT_ROW` go through ``exp(masked_log_softmax(.))``: torch's softmax kernel
-    vectorises along a row and is slower on such rows (as its ``log_softmax`` is)."""
-    if logits.shape[-1] < SHORT_ROW:
-        return exp(masked_log_softmax(logits, mask))
-    return (logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)).softmax(-1)
-
-
-def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
-                  extra: float = 0.0) -> list:
-    """Slices (LongTensors of chunk rows) of a chunk's failing ``rows`` for a retry on the ``"dense"`` route, in
-    sub-chunks whose dense factors (and ``extra`` elements a row) fit in the memory budget and, on the CPU, hold at
-    most :data:`DENSE_RETRY_ELEMENTS` entries a factor; none when the chunk's transitions already came from its dense
-    factors (its failing rows then go to log space).
-
-    Probability space fails where a sum falls below :func:`~.recursion.underflow_floor`. On the symbol route and
-    on the position route from score tables that is mostly a row's normaliser ``R[v] = sum_j E[v, key_j]``: the
-    weights ``E`` are shifted by each query's maximum over all ``S`` keys, and with sharp gates (small
-    ``sigma2``) a context holding none of the keys near that maximum has every ``E[v, key_j]`` underflow. The
-    dense factors are normalised over the row's own positions (a softmax), so those rows go through in
-    probability space, up to 2.7x faster than the log-space recursions (2x for a loss and its gradient; the
-    ``sharp`` section of ``benchmarks/engine.py``); only a row whose messages or likelihood underflow there too
-    is recomputed in log space.
-    """
-    if prepared.chain is not None or prepared.normalised or len(rows) == 0:
-        return []
-    N = prepared.obs.context_len
-    per = rows_per_chunk(gates, N, "positions", budget, extra)
-    if rows.device.type == "cpu":  # the cap is for glibc's page faults; CUDA's caching allocator has none
-        per = min(per, max(1, DENSE_RETRY_ELEMENTS // (N * N)))
-    return [rows[part] for part in row_slices(len(rows), per)]
-
-
-#: Entries of one ``(c, N, N)`` factor of a dense retry's sub-chunk, at most: 4 MB in float32. On glibc, a freed
-#: buffer above the mmap threshold (32 MB at most) goes back to the kernel and is page-faulted in again on its
-#: next use; at 200 rows of 300 positions, sub-chunks of 13 rows took the likelihood from about 650 to 260 ms.
-DENSE_RETRY_ELEMENTS = 2**20
-
-
-def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: float = 0.0) -> float:
-    """Working memory of one row of a chunk on ``route``, in bytes (a generous count of live tensors)."""
-    if route == "symbols":  # measured peaks at n = 200 000, N = 100, S = 50 were 1.5x the earlier, smaller count
-        elements = (5 * L + 9) * N + (6 * L + 3) * S
-    else:  # dense factors, their exponentials and the temporaries of a batched product or logsumexp
-        elements = (2 * max(L - 1, 1) + 3) * N * N + (3 * L + 4) * N
-    return (elements + extra) * itemsize + 8 * 4 * N  # int64 index tensors
-
-
-def rows_per_chunk(gates: HopGates, N: int, route: str, budget=None, extra: float = 0.0) -> int:
-    """Rows of ``N`` positions per chunk on ``route`` under the budget, with ``extra`` elements a row more."""
-    itemsize = gates.log_emission.element_size()
-    extra = extra + (0.0 if gates.extra_elements is None else gates.extra_elements(N))
-    return rows_within_budget(bytes_per_row(route, gates.n_hops, N, gates.num_symbols, itemsize, extra), budget)

@@ -127,7 +127,7 @@ READING_PATHS = pytest.mark.parametrize(
 @pytest.mark.parametrize("hops", [1, 2, 3])
 @READING_PATHS
 def test_likelihood_and_gradient_on_every_reading_path_equal_brute_force(hops, ratio, budget, monkeypatch):
-    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", ratio)
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
     head = oracle.random_chained_head(hops, S, 4, seed=hops, sigma2=0.5)
     obs = observations(n=6, seed=10 + hops)
     parameters = [head.key_tables, head.emission_logits]

@@ -66,7 +66,7 @@ def test_the_engine_takes_the_closed_form_from_its_threshold(hops, monkeypatch):
     without the closed form."""
     from pyro_multihop.engine import queries, symbol_likelihood
 
-    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", math.inf)
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
     calls = []
     total = symbol_likelihood.key_table_symbol_route_total
     monkeypatch.setattr(queries, "key_table_symbol_route_total", lambda *args: calls.append(1) or total(*args))
@@ -103,7 +103,7 @@ def test_a_dense_score_table_takes_the_closed_form_on_its_weights(hops, monkeypa
     from pyro_multihop.engine.hop_gates import HopGates, chain_from_scores
     from pyro_multihop.engine.log_space import chain_log_likelihood
 
-    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", math.inf)
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
     monkeypatch.setattr(queries, "CLOSED_FORM_MIN_SYMBOLS", 1)
     calls = []
     total = symbol_likelihood.symbol_route_total
@@ -128,7 +128,7 @@ def test_in_float32_the_closed_form_is_as_close_to_float64_as_autograd(hops, mon
     from pyro_multihop import ChainedAttention
     from pyro_multihop.engine import queries
 
-    monkeypatch.setattr(engine.hop_gates, "SYMBOL_ROUTE_RATIO", math.inf)
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
     symbols, targets = 5, 4
     obs = oracle.random_observations(40, symbols, targets, 6, seed=61, masked=True)
     generator = torch.Generator().manual_seed(60)

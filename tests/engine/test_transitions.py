@@ -45,25 +45,3 @@ def test_the_scatter_max_warns_nothing_in_a_fresh_process():
     result = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[[1.0, 1.0], [1.0, 1.0]]"
-
-
-def test_dense_retries_cover_the_failing_rows_in_bounded_sub_chunks(monkeypatch):
-    """The failing rows in order, in sub-chunks of at most DENSE_RETRY_ELEMENTS entries a factor and within the
-    budget; none for a chunk whose transitions came from its dense factors (its rows go to log space)."""
-    import oracle
-
-    from pyro_multihop import ChainedAttention
-
-    S, N = 6, 5
-    head = ChainedAttention(2, S, S, sigma2=0.5, init="random", seed=0)
-    gates = head.hop_gates()
-    chunk = oracle.random_observations(40, S, S, N, 3, True)
-    failing = torch.tensor([1, 4, 5, 9, 10, 11, 20, 39])
-    monkeypatch.setattr(transitions, "DENSE_RETRY_ELEMENTS", 3 * N * N)  # 3 rows a sub-chunk
-    prepared = transitions.prepare(gates, chunk, "symbols")
-    slices = transitions.dense_retries(gates, prepared, failing)
-    assert [s.tolist() for s in slices] == [[1, 4, 5], [9, 10, 11], [20, 39]]
-    one_row = transitions.bytes_per_row("positions", 2, N, S, 4)  # float32 head: 4-byte entries
-    assert [len(s) for s in transitions.dense_retries(gates, prepared, failing, budget=int(2 * one_row))] == [2] * 4
-    assert transitions.dense_retries(gates, prepared, failing[:0]) == []
-    assert transitions.dense_retries(gates, transitions.prepare(gates, chunk, "dense"), failing) == []
