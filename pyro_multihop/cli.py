@@ -46,6 +46,7 @@ from typing import Callable, Optional, Sequence
 from .experiments import command_defaults as defaults
 from .experiments.command_defaults import FACTS_SUFFIX, TABLE_SUFFIXES
 from .experiments.qa_command import add_qa_parser, print_note
+
 __all__ = ["main"]
 
 PROG = "pyro-multihop"
