@@ -8,6 +8,8 @@
     pyro-multihop evaluate --checkpoint runs/svi/checkpoint.pt --data test.csv
     pyro-multihop predict --checkpoint runs/svi/checkpoint.pt --data test.csv --out predictions.csv
     pyro-multihop inspect --checkpoint runs/svi/checkpoint.pt --data test.csv --rows 0 1 2 --out runs/svi/figures
+    pyro-multihop qa --train train.jsonl --test test.jsonl --hops 2 --out runs/qa
+    pyro-multihop predict --checkpoint runs/qa/checkpoint.pt --data questions.jsonl --out answers.jsonl
 
 Every subcommand has ``--help``. Bad files or arguments end with one line on stderr naming the problem
 and exit status 2; nothing prints a traceback (set ``PYRO_MULTIHOP_DEBUG=1`` to get one).
@@ -16,12 +18,15 @@ and exit status 2; nothing prints a traceback (set ``PYRO_MULTIHOP_DEBUG=1`` to 
 each process reads its shard of ``--data`` and ``--val``, and rank 0 alone prints and writes the outputs
 (see :mod:`pyro_multihop.distributed`).
 
+``evaluate``, ``predict``, ``paths`` and ``inspect`` take a table checkpoint (``train``, ``babi --encoding
+positions``) with table data (``.csv``, ``.parquet``), or a qa checkpoint (``qa``, ``babi``) with a facts file
+(``.jsonl``); a pair that does not fit ends with one line saying what each takes.
+
 This module parses arguments and prints; the work is done where it belongs:
-:mod:`pyro_multihop.experiments.train_files` (``train``), :mod:`pyro_multihop.experiments.apply_checkpoint`
+:mod:`pyro_multihop.experiments.train_files` (``train``), :mod:`pyro_multihop.experiments.apply_commands`
 (``evaluate``, ``predict``, ``inspect``, ``paths``), :mod:`pyro_multihop.experiments.chained_babi` and
-:mod:`pyro_multihop.experiments.qa_command` (``babi``, ``qa``). Defaults that those modules own (the heads'
-gate variances, the bAbI settings) are read from them when the command's arguments are added, which happens
-on first use (:class:`_Parser`): ``pyro-multihop --help`` loads no torch.
+:mod:`pyro_multihop.experiments.qa_command` (``babi``, ``qa``). The defaults the help shows come from
+:mod:`pyro_multihop.experiments.command_defaults`, which imports nothing: no ``--help`` loads torch.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .experiments import command_defaults as defaults
+from .experiments.command_defaults import FACTS_SUFFIX, TABLE_SUFFIXES
+from .experiments.qa_command import add_qa_parser, print_note
+
 __all__ = ["main"]
 
 PROG = "pyro-multihop"
@@ -45,35 +54,10 @@ EXIT_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with errors as one line (``prog: error: message (see prog --help)``).
-
-    A command whose arguments show defaults that modules importing torch own passes ``arguments``, a function
-    that adds them to the parser: it runs on first use, when the command is parsed or its help printed, so
-    that building the parser (``pyro-multihop --help``) imports no torch."""
-
-    def __init__(self, *args, arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pending_arguments = arguments
+    """argparse, with errors as one line (``prog: error: message (see prog --help)``)."""
 
     def error(self, message):  # noqa: D401 - argparse API
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def add_pending_arguments(self) -> None:
-        if self.pending_arguments is not None:
-            add, self.pending_arguments = self.pending_arguments, None
-            add(self)
-
-    def parse_known_args(self, args=None, namespace=None):
-        self.add_pending_arguments()
-        return super().parse_known_args(args, namespace)
-
-    def format_usage(self):
-        self.add_pending_arguments()
-        return super().format_usage()
-
-    def format_help(self):
-        self.add_pending_arguments()
-        return super().format_help()
 
 
 # -- argument types ----------------------------------------------------------------------------------------
@@ -101,10 +85,26 @@ _fraction = _number_parser(float, "a number between 0 and 1", lambda value: 0 < 
 
 
 def _data_path(text: str) -> Path:
+    """Table data (``simulate``, ``train``)."""
     path = Path(text)
-    if path.suffix not in (".csv", ".parquet"):
-        raise argparse.ArgumentTypeError(f"data files end in .csv or .parquet, got {text!r}")
+    if path.suffix not in TABLE_SUFFIXES:
+        hint = " (a facts .jsonl file is trained by the qa command)" if path.suffix == FACTS_SUFFIX else ""
+        raise argparse.ArgumentTypeError(f"data files end in .csv or .parquet, got {text!r}{hint}")
     return path
+
+
+def _applied_data_path(text: str) -> Path:
+    """Table data or a facts file (``evaluate``, ``predict``, ``paths``, ``inspect``)."""
+    path = Path(text)
+    if path.suffix not in TABLE_SUFFIXES + (FACTS_SUFFIX,):
+        raise argparse.ArgumentTypeError(f"data files end in .csv or .parquet (table data, for a train checkpoint) "
+                                         f"or .jsonl (a facts file, for a qa checkpoint), got {text!r}")
+    return path
+
+
+CHECKPOINT_HELP = "a checkpoint written by train, qa or babi"
+APPLIED_DATA_HELP = ("table data (.csv or .parquet) for a checkpoint of train or babi --encoding positions, or a "
+                     "facts file (.jsonl, docs/qa.md) for a checkpoint of qa or babi")
 
 
 #: Torch threads of each command when --threads is not given, from benchmarks/threads.py: on the library's
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     simulate.add_argument("--out", type=_data_path, required=True, help="output file, .csv or .parquet")
 
-    commands.add_parser(
+    train = commands.add_parser(
         "train",
         help="fit a head by SVI or EM; write checkpoint, metrics and figures",
         description="Fit a head to a data file. Writes OUT/checkpoint.pt (configuration, parameters, "
@@ -156,47 +156,56 @@ def build_parser() -> argparse.ArgumentParser:
         "log-likelihood), OUT/metrics.csv (one row per logged step or EM iteration), OUT/loss.png, "
         "OUT/accuracy.png (with held-out data) and OUT/summary.json. An OUT that holds a checkpoint is refused "
         "unless --resume or --overwrite.",
-        arguments=_train_arguments,
     )
+    _train_arguments(train)
 
     evaluate = commands.add_parser(
         "evaluate",
-        help="log-likelihood and accuracy of a checkpoint on data, as JSON",
-        description="Evaluate a checkpoint on a data file: mean log-likelihood per observation, accuracy of "
-        "the most probable target, and n. Prints JSON (and writes it to --out if given).",
+        help="scores of a checkpoint on table data or a facts file, as JSON",
+        description="Evaluate a checkpoint on a data file; prints JSON (and writes it to --out if given). A train "
+        "checkpoint on table data: mean log-likelihood per observation, accuracy of the most probable target, n. "
+        "A qa checkpoint on a facts file (every line with its answer): the scores of the qa run's results.json "
+        "(answer_accuracy, fact_accuracy, hop_fact_accuracy, n, log_likelihood) and answers_outside_facts.",
     )
-    evaluate.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train")
-    evaluate.add_argument("--data", type=_data_path, required=True, help="data file (.csv or .parquet)")
-    evaluate.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    evaluate.add_argument("--checkpoint", type=Path, required=True, help=CHECKPOINT_HELP)
+    evaluate.add_argument("--data", type=_applied_data_path, required=True, help=APPLIED_DATA_HELP)
+    evaluate.add_argument("--device", default="cpu", help="torch device (default: cpu; a qa checkpoint: cpu only)")
     evaluate.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
 
     predict = commands.add_parser(
         "predict",
-        help="CSV of target probabilities and MAP hop paths",
-        description="Predict with a checkpoint. One CSV row per observation: row, query, target (if the data "
-        "has one), predicted (most probable target), p_predicted, p_target, map_hop_1..map_hop_L (context "
-        "position attended at each hop on the most probable hop path: given the target when the data has "
-        "one, else given the query only), and prob_0..prob_{T-1}.",
+        help="answers or target probabilities, with the MAP hop paths",
+        description="Predict with a checkpoint. Table data (a train checkpoint) gives a CSV, one row per "
+        "observation: row, query, target (if the data has one), predicted (most probable target), p_predicted, "
+        "p_target, map_hop_1..map_hop_L (context position attended at each hop on the most probable hop path: "
+        "given the target when the data has one, else given the query only), and prob_0..prob_{T-1}. A facts "
+        "file (a qa checkpoint; answers optional) gives JSON Lines, one line per question: id (the line's, else "
+        "its place from 0), question, answer (the most probable), answer_prob, facts and fact_tokens (the fact "
+        "of each hop on the most probable path given the question alone), and given_answer and correct where "
+        "the line has an answer.",
     )
-    predict.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train")
-    predict.add_argument("--data", type=_data_path, required=True,
-                         help="data file (.csv or .parquet); the target column is optional")
-    predict.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    predict.add_argument("--out", type=Path, required=True, help="output .csv file")
+    predict.add_argument("--checkpoint", type=Path, required=True, help=CHECKPOINT_HELP)
+    predict.add_argument("--data", type=_applied_data_path, required=True,
+                         help=APPLIED_DATA_HELP + "; the target column, or a line's answer, is optional")
+    predict.add_argument("--device", default="cpu", help="torch device (default: cpu; a qa checkpoint: cpu only)")
+    predict.add_argument("--out", type=Path, required=True, help="output file: .csv (table data) or .jsonl (facts)")
 
     inspect = commands.add_parser(
         "inspect",
         help="figures of a checkpoint: key tables, emission, hop marginals, embeddings",
-        description="Draw a checkpoint's parameters into OUT: key_tables.png (chained), emission.png, "
-        "embeddings.png (tied), and hop_marginals.png for --rows of --data.",
+        description="Draw a checkpoint into OUT. A train checkpoint: key_tables.png (chained), emission.png, "
+        "embeddings.png (tied), and hop_marginals.png for --rows of --data. A qa checkpoint (needs --data, a "
+        "facts file): hop_marginals.png, the hop marginals over the facts of --rows, given the answer where the "
+        "line has one, else given the question alone.",
     )
-    inspect.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train")
-    inspect.add_argument("--data", type=_data_path, default=None, help="data file for the hop marginals")
+    inspect.add_argument("--checkpoint", type=Path, required=True, help=CHECKPOINT_HELP)
+    inspect.add_argument("--data", type=_applied_data_path, default=None,
+                         help="data file for the hop marginals: " + APPLIED_DATA_HELP)
     inspect.add_argument("--rows", type=_nonnegative_int, nargs="+", default=[0, 1, 2],
-                         help="rows of --data whose hop marginals to draw (default: 0 1 2)")
+                         help="rows (questions) of --data whose hop marginals to draw (default: 0 1 2)")
     inspect.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
 
-    commands.add_parser(
+    babi = commands.add_parser(
         "babi",
         help="train and evaluate on a bAbI task; write results.json and a hop-posterior figure",
         description="Train the structured-facts head (--encoding facts, the default; docs/qa.md) or a chained head "
@@ -206,29 +215,33 @@ def build_parser() -> argparse.ArgumentParser:
         "marginals of the first test questions). Pick --hops per task: the number of supporting facts a "
         "question needs (task 1: 1, task 2: 2, task 3: 3), which is the default. An OUT that holds a "
         "checkpoint is refused unless --overwrite.",
-        arguments=_babi_arguments,
     )
-    from .experiments.qa_command import add_qa_parser
-
+    _babi_arguments(babi)
     qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float, fraction=_fraction)
 
     paths = commands.add_parser(
         "paths",
-        help="CSV or JSON Lines of the k best hop paths of every row, with what each hop attends",
-        description="For each row of a data file: the k most probable hop paths given the target (best first) "
-        "with their posterior probabilities and the attended key:value (words when the checkpoint has a "
-        "vocabulary) at each hop, the entropy of the path posterior in nats, and optionally paths drawn from "
-        "the posterior. Runs in chunks of --chunk rows and streams to --out (.csv or .jsonl).",
+        help="the k best hop paths of every row or question, with what each hop attends",
+        description="Table data (a train checkpoint; targets needed): for each row the k most probable hop "
+        "paths given the target (best first) with their posterior probabilities and the attended key:value "
+        "(words when the checkpoint has a vocabulary) at each hop, the entropy of the path posterior in nats, "
+        "and optionally paths drawn from the posterior; in chunks of --chunk rows, streamed to --out (.csv or "
+        ".jsonl). A facts file (a qa checkpoint; answers optional): JSON Lines, per question its id, question "
+        "and predicted answer, question_only (the k best paths given the question alone, each with prob, facts "
+        "and fact_tokens, their entropy, and --samples drawn paths with their count) and, where the line has an "
+        "answer, given_answer_paths, the same given the answer too.",
     )
-    paths.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by train or babi")
-    paths.add_argument("--data", type=_data_path, required=True, help="data file (.csv or .parquet) with targets")
-    paths.add_argument("--out", type=Path, required=True, help="output file, .csv or .jsonl")
+    paths.add_argument("--checkpoint", type=Path, required=True, help=CHECKPOINT_HELP)
+    paths.add_argument("--data", type=_applied_data_path, required=True, help=APPLIED_DATA_HELP)
+    paths.add_argument("--out", type=Path, required=True, help="output file: .csv or .jsonl (facts: .jsonl)")
     paths.add_argument("-k", "--k", type=_positive_int, default=3, help="paths per row (default: 3)")
     paths.add_argument("--samples", type=_nonnegative_int, default=0,
-                       help="also draw this many paths per row from the posterior (default: 0)")
-    paths.add_argument("--seed", type=int, default=0, help="seed of the posterior samples (default: 0)")
-    paths.add_argument("--chunk", type=_positive_int, default=4096, help="rows per chunk (default: 4096)")
-    paths.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+                       help="also draw this many paths per row (default: 0)")
+    paths.add_argument("--seed", type=int, default=0, help="seed of the drawn paths (default: 0)")
+    paths.add_argument("--chunk", type=_positive_int, default=4096,
+                       help="rows per chunk of table data (default: 4096; a facts file is chunked by the engine's "
+                       "memory budget)")
+    paths.add_argument("--device", default="cpu", help="torch device (default: cpu; a qa checkpoint: cpu only)")
     paths.add_argument("--no-progress", action="store_true", help="no progress display")
 
     for name, command in (("simulate", simulate), ("evaluate", evaluate), ("predict", predict), ("inspect", inspect),
@@ -238,12 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_arguments(train: argparse.ArgumentParser) -> None:
-    """The arguments of ``train``: the heads and their gate variances from :mod:`pyro_multihop.models.registry`,
-    the EM iterations from :mod:`pyro_multihop.em.em_runs`."""
-    from .em.em_runs import CHAINED_EM_MAX_ITERS
-    from .models.registry import COMMAND_HEADS, default_sigma2
-
-    sigma2_defaults = ", ".join(f"{default_sigma2(name)} {name}" for name in COMMAND_HEADS)
+    """The arguments of ``train``, with the defaults of :mod:`pyro_multihop.experiments.command_defaults`."""
+    sigma2_defaults = ", ".join(f"{defaults.TRAIN_SIGMA2[name]} {name}" for name in defaults.TRAIN_MODELS)
     train.add_argument("--data", type=_data_path, required=True, help="training data (.csv or .parquet)")
     train.add_argument("--val", "--valid", dest="val", type=_data_path, default=None,
                        help="held-out data, evaluated at every logged step; the best parameters go to OUT/best.pt")
@@ -252,7 +261,7 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--patience", type=_positive_int, default=None,
                        help="SVI early stopping: stop after this many evaluations without a better held-out "
                        "log-likelihood (needs --val or --valid-fraction)")
-    train.add_argument("--model", choices=list(COMMAND_HEADS), default="chained",
+    train.add_argument("--model", choices=list(defaults.TRAIN_MODELS), default=defaults.TRAIN_MODELS[0],
                        help="chained: one-hot key tables (exact); tied: latent tied embeddings (default: chained)")
     train.add_argument("--method", choices=["svi", "em"], default="svi",
                        help="svi: fit_svi on the enumerated ELBO; em: closed-form EM (chained) or variational "
@@ -267,7 +276,7 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
                        help="number of targets T (default: the largest target in the data + 1, at least S)")
     train.add_argument("--steps", type=_positive_int, default=None,
                        help="SVI steps, or most EM iterations (default: the head's SVI defaults; "
-                       f"{CHAINED_EM_MAX_ITERS} EM iterations)")
+                       f"{defaults.TRAIN_EM_ITERATIONS} EM iterations)")
     train.add_argument("--lr", type=_positive_float, default=None, help="SVI learning rate (default: the head's)")
     train.add_argument("--batch-size", type=_positive_int, default=None,
                        help="SVI mini-batch size (default: the head's; the chained head uses full batches)")
@@ -292,11 +301,7 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
 
 
 def _babi_arguments(babi: argparse.ArgumentParser) -> None:
-    """The arguments of ``babi``: the chained head's settings from :mod:`pyro_multihop.experiments.chained_babi`,
-    the statements kept from :mod:`pyro_multihop.datasets.babi`."""
-    from .datasets.babi import DEFAULT_MEMORY
-    from .experiments.chained_babi import BABI_EM_ITERATIONS, BABI_SVI
-
+    """The arguments of ``babi``, with the defaults of :mod:`pyro_multihop.experiments.command_defaults`."""
     babi.add_argument("--task", type=_positive_int, required=True, help="bAbI task number (1-20)")
     babi.add_argument("--data-dir", type=Path, default=None,
                       help="directory with the qa*_train/test.txt files (default: the shipped en 1k files)")
@@ -310,14 +315,16 @@ def _babi_arguments(babi: argparse.ArgumentParser) -> None:
     babi.add_argument("--method", choices=["svi", "em"], default="svi",
                       help="svi (with the age/offset gate terms) or em (closed-form EM, content-only gate) (default: svi)")
     babi.add_argument("--steps", type=_positive_int, default=None,
-                      help=f"SVI steps or EM iterations (default: {BABI_SVI['num_steps']} / {BABI_EM_ITERATIONS})")
+                      help=f"SVI steps or EM iterations (default: {defaults.BABI_SVI['num_steps']} / "
+                      f"{defaults.BABI_EM_ITERATIONS})")
     babi.add_argument("--lr", type=_positive_float, default=None,
-                      help=f"SVI learning rate (default: {BABI_SVI['lr']})")
+                      help=f"SVI learning rate (default: {defaults.BABI_SVI['lr']})")
     babi.add_argument("--batch-size", type=_positive_int, default=None, help="questions per SVI step (default: all)")
-    babi.add_argument("--memory", type=_positive_int, default=DEFAULT_MEMORY,
-                      help=f"statements kept before each question (default: {DEFAULT_MEMORY})")
+    babi.add_argument("--memory", type=_positive_int, default=defaults.BABI_MEMORY,
+                      help=f"statements kept before each question (default: {defaults.BABI_MEMORY})")
     babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")
-    babi.add_argument("--sigma2", type=_positive_float, default=0.1, help="gate variance (default: 0.1)")
+    babi.add_argument("--sigma2", type=_positive_float, default=defaults.BABI_SIGMA2,
+                      help=f"gate variance of the chained head (--encoding positions) (default: {defaults.BABI_SIGMA2})")
     babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     babi.add_argument("--no-progress", action="store_true", help="no progress display")
     babi.add_argument("--encoding", choices=["facts", "positions"], default="facts",
@@ -365,10 +372,10 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from .experiments.apply_checkpoint import evaluate_file
+    from .experiments.apply_commands import evaluate_command
     from .experiments.command_files import write_json
 
-    payload = evaluate_file(args.checkpoint, args.data, args.device)
+    payload = evaluate_command(args.checkpoint, args.data, args.device, log=print_note)
     print(json.dumps(payload, indent=2))
     if args.out is not None:
         write_json(args.out, payload)
@@ -376,27 +383,25 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
-    from .experiments.apply_checkpoint import predict_file
+    from .experiments.apply_commands import predict_command
 
-    rows = predict_file(args.checkpoint, args.data, args.out, args.device)
-    print(f"wrote predictions for {rows} observations to {args.out}")
+    print(predict_command(args.checkpoint, args.data, args.out, args.device, log=print_note))
     return 0
 
 
 def _inspect(args) -> int:
-    from .experiments.apply_checkpoint import inspect_checkpoint
+    from .experiments.apply_commands import inspect_command
 
-    written = inspect_checkpoint(args.checkpoint, args.out, args.data, args.rows)
+    written = inspect_command(args.checkpoint, args.out, args.data, args.rows, log=print_note)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
 
 def _paths(args) -> int:
-    from .experiments.apply_checkpoint import write_path_file
+    from .experiments.apply_commands import paths_command
 
-    rows = write_path_file(args.checkpoint, args.data, args.out, k=args.k, samples=args.samples, seed=args.seed,
-                           chunk=args.chunk, device=args.device, progress=not args.no_progress)
-    print(f"wrote the {args.k} best paths of {rows} rows to {args.out}")
+    print(paths_command(args.checkpoint, args.data, args.out, k=args.k, samples=args.samples, seed=args.seed,
+                        chunk=args.chunk, device=args.device, progress=not args.no_progress, log=print_note))
     return 0
 
 

@@ -14,7 +14,9 @@ import torch
 from pyro_multihop.checkpoint import load_checkpoint
 from pyro_multihop.cli import main
 
-COMMANDS = ["simulate", "train", "evaluate", "predict", "inspect"]
+COMMANDS = ["simulate", "train", "evaluate", "predict", "inspect", "babi", "qa", "paths"]
+#: The commands that apply a checkpoint to a data file: table data or a facts file.
+APPLY_COMMANDS = ["evaluate", "predict", "inspect", "paths"]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +129,9 @@ def test_help_of_every_command(command, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: pyro-multihop {command}") and "--help" in out
+    if command in APPLY_COMMANDS:  # they take qa checkpoints and facts files too
+        text = " ".join(out.split())
+        assert "a checkpoint written by train, qa or babi" in text and ".jsonl" in text and "qa checkpoint" in text
 
 
 def test_errors_are_one_line(task, tmp_path, capsys):
@@ -154,6 +159,12 @@ def test_errors_are_one_line(task, tmp_path, capsys):
         (["train", "--data", str(train), "--device", "warp-drive", "--out", str(tmp_path / "x")], "device"),
         (["train", "--data", str(train), "--method", "em", "--lr", "0.1", "--out", str(tmp_path / "x")], "svi only"),
         (["simulate", "--out", str(tmp_path / "data.txt")], ".csv or .parquet"),
+        (["train", "--data", str(tmp_path / "facts.jsonl"), "--out", str(tmp_path / "x")], "trained by the qa command"),
+        (["evaluate", "--checkpoint", str(ckpt), "--data", str(tmp_path / "data.txt")], ".jsonl (a facts file"),
+        (["evaluate", "--checkpoint", str(ckpt), "--data", str(tmp_path / "facts.jsonl")],
+         "it takes a .csv or .parquet data file"),
+        (["predict", "--checkpoint", str(ckpt), "--data", str(tmp_path / "facts.jsonl"), "--out", str(tmp_path / "p.jsonl")],
+         "needs a checkpoint of qa or babi --encoding facts"),
         (["evaluate", "--checkpoint", str(garbage), "--data", str(test)], "is not a checkpoint"),
         (["evaluate", "--checkpoint", str(train), "--data", str(test)], f"{str(train)!r} is not a checkpoint"),
         (["evaluate", "--checkpoint", str(truncated), "--data", str(test)], "is truncated or damaged"),
@@ -370,21 +381,33 @@ def test_paths_match_the_python_api(task, tmp_path, suffix):
 
 
 def test_help_imports_no_torch():
-    """``pyro-multihop --help`` under 1 s: parsing loads neither torch nor Pyro (timed in benchmarks/help_time.py)."""
-    probe = ("import sys\nfrom pyro_multihop.cli import build_parser\nbuild_parser()\n"
-             "print(sorted(m for m in ('torch', 'pyro', 'pandas', 'matplotlib') if m in sys.modules))")
+    """``pyro-multihop --help`` and every ``COMMAND --help`` under 1 s: parsing loads neither torch nor Pyro (timed
+    in benchmarks/help_time.py). One fresh interpreter; what is loaded is read after each help in turn."""
+    probe = ("import contextlib, io, json, sys\nfrom pyro_multihop.cli import build_parser, main\nbuild_parser()\n"
+             "loaded = {}\n"
+             f"for command in {[''] + COMMANDS!r}:\n"
+             "    with contextlib.redirect_stdout(io.StringIO()) as text:\n"
+             "        status = main(([command] if command else []) + ['--help'])\n"
+             "    assert status == 0 and text.getvalue().startswith('usage: pyro-multihop'), command\n"
+             "    loaded[command or '--help'] = sorted(m for m in ('torch', 'pyro', 'pandas', 'matplotlib') if m in sys.modules)\n"
+             "print(json.dumps(loaded))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
                             env=_environment())
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    loaded = json.loads(result.stdout)
+    assert set(loaded) == {"--help", *COMMANDS} and {"train", "babi", "qa"} <= set(loaded)
+    assert loaded == {command: [] for command in loaded}
 
 
 def test_babi_help_defaults_agree_with_the_code(capsys, monkeypatch):
-    """The babi command shows (and uses) the defaults of the modules that own them, read when its arguments
-    are added: a changed owner changes the help."""
+    """The babi command shows (and uses) the defaults of the modules that own them, read when the parser is
+    built: a changed owner changes the help. chained_babi's settings are command_defaults' (one object)."""
     from pyro_multihop.cli import build_parser
     from pyro_multihop.datasets.babi import DEFAULT_MEMORY
-    from pyro_multihop.experiments import chained_babi
+    from pyro_multihop.experiments import chained_babi, command_defaults
+
+    assert chained_babi.BABI_SVI is command_defaults.BABI_SVI
+    assert chained_babi.BABI_EM_ITERATIONS == command_defaults.BABI_EM_ITERATIONS
 
     assert main(["babi", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
@@ -394,7 +417,7 @@ def test_babi_help_defaults_agree_with_the_code(capsys, monkeypatch):
     assert f"SVI learning rate (default: {chained_babi.BABI_SVI['lr']})" in text
     assert f"statements kept before each question (default: {DEFAULT_MEMORY})" in text
     assert build_parser().parse_args(["babi", "--task", "1", "--out", "o"]).memory == DEFAULT_MEMORY
-    monkeypatch.setattr(chained_babi, "BABI_SVI", dict(chained_babi.BABI_SVI, num_steps=123, lr=0.25))
+    monkeypatch.setattr(command_defaults, "BABI_SVI", dict(chained_babi.BABI_SVI, num_steps=123, lr=0.25))
     assert main(["babi", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 123 / " in text and "SVI learning rate (default: 0.25)" in text
@@ -409,6 +432,23 @@ def test_train_help_shows_the_registry_defaults(capsys):
     assert f"--model {{{','.join(COMMAND_HEADS)}}}" in text
     assert f"(default: {default_sigma2('chained')} chained, {default_sigma2('tied')} tied)" in text
     assert f"; {CHAINED_EM_MAX_ITERS} EM iterations)" in text
+
+
+def test_train_runs_the_defaults_its_help_shows(task, tmp_path, capsys, monkeypatch):
+    """The help's defaults are what the command runs: a changed command default changes both."""
+    from pyro_multihop.experiments import command_defaults
+
+    folder, train, test = task
+    monkeypatch.setitem(command_defaults.TRAIN_SIGMA2, "chained", 0.2)
+    monkeypatch.setattr(command_defaults, "TRAIN_EM_ITERATIONS", 2)
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 0.2 chained, 0.3 tied)" in text and "; 2 EM iterations)" in text
+    assert main(["train", "--data", str(train), "--steps", "1", "--no-progress", "--out", str(tmp_path / "svi")]) == 0
+    assert load_checkpoint(tmp_path / "svi" / "checkpoint.pt")[0].sigma2 == 0.2
+    assert main(["train", "--data", str(train), "--method", "em", "--tol", "0", "--out", str(tmp_path / "em")]) == 0
+    summary = json.loads((tmp_path / "em" / "summary.json").read_text())
+    assert summary["config"]["sigma2"] == 0.2 and summary["settings"]["max_iters"] == summary["settings"]["n_iter"] == 2
 
 
 def test_help_time_benchmark_smoke(tmp_path):

@@ -1,5 +1,7 @@
-"""A trained checkpoint applied to a data file: what ``pyro-multihop evaluate``, ``predict``, ``inspect`` and
-``paths`` compute and write; the command prints what these functions return.
+"""A trained table checkpoint (``train``, ``babi --encoding positions``) applied to table data: what
+``pyro-multihop evaluate``, ``predict``, ``inspect`` and ``paths`` compute and write on a ``.csv`` or ``.parquet``
+file (:mod:`pyro_multihop.experiments.apply_commands` sends them here; a qa checkpoint with a facts file goes to
+:mod:`pyro_multihop.experiments.qa_apply`).
 
 - :func:`evaluate_file`: mean log-likelihood per observation, accuracy of the most probable target, ``n``.
 - :func:`predict_file`: a CSV of target probabilities and MAP hop paths, one row per observation.

@@ -7,7 +7,8 @@ summed out, question-answer pairs only). The contexts are grouped by length (``g
 padding has zero attention, and it saves most of the ``O(N^2)`` work on tasks whose stories are mostly short
 (task 2: mean 31 of 100 positions; the step times with and without grouping are in
 ``benchmarks/results/length_groups.md``). :data:`BABI_EM_ITERATIONS` closed-form EM iterations fit the
-content-only gate instead (``method="em"``).
+content-only gate instead (``method="em"``). Both are defined in :mod:`pyro_multihop.experiments.command_defaults`
+(torch-free, for the command's ``--help``) and re-exported here.
 
 This module sits above :mod:`pyro_multihop.datasets` (which only reads and encodes the files) and
 :mod:`pyro_multihop.train`: a training script, not a data module.
@@ -25,20 +26,12 @@ from ..datasets.babi import DEFAULT_MEMORY, BabiData, load_task
 from ..models import ChainedAttention
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
+from .command_defaults import BABI_EM_ITERATIONS, BABI_SIGMA2, BABI_SVI
 
 __all__ = ["BABI_SVI", "BABI_EM_ITERATIONS", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi"]
 
-#: Keyword arguments of :func:`~pyro_multihop.train.fit_svi` for bAbI (measured on task 2, docs/babi.md):
-#: full-batch steps, learning rate decaying tenfold, weight decay on the key tables (a stronger one than the
-#: chained head's default: the compound symbols give the key tables many pair entries to memorise training
-#: stories with), contexts grouped by length in steps of 10 positions.
-BABI_SVI = {"num_steps": 200, "lr": 0.1, "lr_decay": 0.1, "weight_decay": {"key_tables": 1e-2}, "group_lengths": 10}
 
-#: Closed-form EM iterations of ``run_babi(method="em")`` when ``steps`` is not given.
-BABI_EM_ITERATIONS = 50
-
-
-def babi_head(train: BabiData, hops: int, sigma2: float = 0.1, seed: int = 0, positional: bool = True):
+def babi_head(train: BabiData, hops: int, sigma2: float = BABI_SIGMA2, seed: int = 0, positional: bool = True):
     """The chained head for a bAbI task: sizes from the vocabulary, age/offset terms over the whole memory."""
     max_distance = 2 * train.encoder.memory if positional else None
     return ChainedAttention(
@@ -109,7 +102,7 @@ def run_babi(
     lr: Optional[float] = None,
     batch_size: Optional[int] = None,
     memory: int = DEFAULT_MEMORY,
-    sigma2: float = 0.1,
+    sigma2: float = BABI_SIGMA2,
     seed: int = 0,
     max_train: Optional[int] = None,
     figure_rows: int = 3,

@@ -77,6 +77,7 @@ __all__ = [
     "run_qa",
     "run_babi_facts",
     "load_qa_checkpoint",
+    "qa_model",
     "record_id",
     "write_jsonl",
 ]
@@ -245,10 +246,16 @@ def _attach_vocabulary(checkpoint: Path, head, vocabulary: QAVocabulary, hops: i
 
 def load_qa_checkpoint(path):
     """``(head, vocabulary, state)`` of a checkpoint written by :func:`run_qa`."""
-    head, state = load_checkpoint(path)
+    return qa_model(*load_checkpoint(path), path)
+
+
+def qa_model(head, state: dict, path) -> tuple:
+    """``(head, vocabulary, state)`` of a checkpoint already loaded (:func:`~pyro_multihop.checkpoint.load_checkpoint`
+    gave ``head, state``) from ``path``; ``ValueError`` when it holds no QA vocabulary."""
     qa = (state.get("extra") or {}).get("qa")
     if qa is None:
-        raise ValueError(f"checkpoint {str(path)!r} holds no QA vocabulary (extra['qa']): not written by the qa command")
+        raise ValueError(f"checkpoint {str(path)!r} holds a {type(head).__name__} without a QA vocabulary "
+                         "(extra['qa']): not written by the qa or babi command")
     return head, QAVocabulary.from_dict(qa["vocabulary"]), state
 
 

@@ -17,7 +17,8 @@ the training ones shares the last question position.
 
 The ``*_file`` functions do the same from a checkpoint and a facts file, and write JSON Lines
 (:func:`~pyro_multihop.experiments.qa.write_jsonl`) whose every line names the id, the question, the answer and
-each hop's fact. Example::
+each hop's fact. The commands ``pyro-multihop evaluate``, ``predict``, ``paths`` and ``inspect`` on a facts file
+call the ``*_records`` functions (:mod:`pyro_multihop.experiments.apply_commands`). Example::
 
     >>> from pyro_multihop.datasets.qa_jsonl import QAVocabulary, QARecord
     >>> from pyro_multihop.experiments.qa import facts_head

@@ -25,13 +25,14 @@ import torch
 from .. import distributed
 from ..checkpoint import read_checkpoint
 from ..em.em_runs import run_chained_em, run_variational_em
-from ..models.registry import build_head, default_sigma2
+from ..models.registry import build_head
 from ..plots import plot_training_curves
 from ..runs import BEST_CHECKPOINT_NAME, CHECKPOINT_NAME, RunDirError, prepare_run_dir
 from ..train import OverfittingWarning, fit_svi, split_validation
+from . import command_defaults
 from .command_files import CommandError, load_data, save_figure, torch_device, write_json
 
-__all__ = ["TrainFilesSettings", "TrainingRun", "TrainReport", "start_training", "finish_training"]
+__all__ = ["TrainFilesSettings", "TrainingRun", "TrainReport", "gate_variance", "start_training", "finish_training"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,12 @@ class TrainReport:
     lines: List[str]
 
 
+def gate_variance(settings: TrainFilesSettings) -> float:
+    """``--sigma2``, else the command's default for ``--model``
+    (:data:`~pyro_multihop.experiments.command_defaults.TRAIN_SIGMA2`, what ``train --help`` shows)."""
+    return command_defaults.TRAIN_SIGMA2[settings.model] if settings.sigma2 is None else settings.sigma2
+
+
 def check_options(settings: TrainFilesSettings, device: torch.device) -> None:
     """Options that contradict each other or do not apply to the method, before any process reads data."""
     if settings.val is not None and settings.valid_fraction is not None:
@@ -153,7 +160,7 @@ def start_training(settings: TrainFilesSettings) -> TrainingRun:
     run = TrainingRun(settings, device, train_obs, val_obs, num_symbols, num_targets, None, None)
     if settings.method == "svi":
         run.model = build_head(settings.model, hops=settings.hops, num_symbols=num_symbols, num_targets=num_targets,
-                               embed_dim=settings.embed_dim, seed=settings.seed, sigma2=settings.sigma2)
+                               embed_dim=settings.embed_dim, seed=settings.seed, sigma2=gate_variance(settings))
         run.model = run.model.to(device=device, dtype=getattr(torch, settings.dtype))
         run.resume_step = _resume_step(settings, run.model, run.checkpoint)
     return run
@@ -247,10 +254,9 @@ def _fit_em(run: TrainingRun) -> tuple:
     """``(model, metrics, settings, notes)`` of closed-form EM (chained) or variational EM (tied)."""
     settings = run.settings
     options = dict(hops=settings.hops, num_symbols=run.num_symbols, num_targets=run.num_targets, seed=settings.seed,
-                   sigma2=default_sigma2(settings.model) if settings.sigma2 is None else settings.sigma2,
-                   checkpoint=run.checkpoint)
-    if settings.steps is not None:
-        options["max_iters"] = settings.steps
+                   sigma2=gate_variance(settings), checkpoint=run.checkpoint)
+    if settings.steps is not None or settings.model == "chained":
+        options["max_iters"] = settings.steps or command_defaults.TRAIN_EM_ITERATIONS
     if settings.model == "chained":
         return run_chained_em(run.train_obs, run.val_obs, tol=settings.tol, dtype=getattr(torch, settings.dtype),
                               device=run.device, **options)

@@ -1,10 +1,13 @@
 """A trained ``qa`` model applied to new questions (pyro_multihop.experiments.qa_apply), on the issue's kinship
 setting at smoke size: 3 hops, test people never seen in training, questions without answers, with ids, longer
-than the training ones; plus the run's memory check, resume note and seconds, and the answers-outside-facts notes."""
+than the training ones; the same through the commands evaluate, predict, paths and inspect on facts files
+(pyro_multihop.experiments.apply_commands); plus the run's memory check, resume note and seconds, and the
+answers-outside-facts notes."""
 
 import json
 import math
 import random
+import types
 
 import oracle
 import pytest
@@ -13,6 +16,7 @@ import torch
 from pyro_multihop.cli import main
 from pyro_multihop.datasets.qa_jsonl import AnswerNotInFactsWarning, QAFormatError, QARecord, read_qa_jsonl, write_qa_jsonl
 from pyro_multihop.experiments import qa, qa_apply
+from pyro_multihop.train import svi_run
 
 CITIES = [f"c{i}" for i in range(5)]
 
@@ -40,11 +44,14 @@ def kinship(n, seed, people, lo=5, hi=8, extra=()):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A qa run (3 hops) and its files: train, test (unseen people), and the model loaded back."""
+    """A qa run of the command (3 hops) and its files: train, test (unseen people), results.json, and the model
+    loaded back."""
     folder = tmp_path_factory.mktemp("kinship")
     train = write_qa_jsonl(kinship(60, 0, [f"p{i}" for i in range(20)]), folder / "train.jsonl")
     test = write_qa_jsonl(kinship(20, 1, [f"n{i}" for i in range(20)]), folder / "test.jsonl")
-    results = qa.run_qa(read_qa_jsonl(train), read_qa_jsonl(test), 3, folder / "run", steps=60, collapsed=True)
+    assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "3", "--steps", "60", "--collapsed",
+                 "--out", str(folder / "run"), "--no-progress"]) == 0
+    results = json.loads((folder / "run" / "results.json").read_text())
     return {"folder": folder, "train": train, "test": test, "results": results,
             "checkpoint": folder / "run" / "checkpoint.pt", "model": qa.load_qa_checkpoint(folder / "run" / "checkpoint.pt")}
 
@@ -184,7 +191,7 @@ def test_a_vocabulary_too_large_stops_before_the_head_is_allocated(run, tmp_path
     assert not (out / "checkpoint.pt").exists()
 
 
-def test_resume_says_its_step_and_seconds_add_up(run, tmp_path, capsys):
+def test_resume_says_its_step_and_seconds_add_up(run, tmp_path, capsys, monkeypatch):
     argv = ["qa", "--train", str(run["train"]), "--test", str(run["test"]), "--hops", "3", "--out",
             str(tmp_path / "run"), "--no-progress", "--collapsed"]
     assert main(argv + ["--steps", "8"]) == 0
@@ -196,6 +203,14 @@ def test_resume_says_its_step_and_seconds_add_up(run, tmp_path, capsys):
     # 9 steps in all: the first part's 8 are counted in, not just the resumed step.
     assert second["seconds"] >= first["seconds"] > 0
     assert qa.load_qa_checkpoint(tmp_path / "run" / "checkpoint.pt")[2]["step"] == 9
+    # A third part on a stopped clock takes no time: its seconds are exactly those of the first two parts.
+    monkeypatch.setattr(svi_run, "time", types.SimpleNamespace(perf_counter=lambda: 1000.0))
+    assert main(argv + ["--steps", "10", "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "resuming from step 9 of" in captured.err
+    third = json.loads(captured.out.strip().splitlines()[-1])
+    assert third["seconds"] == second["seconds"] > 0
+    assert qa.load_qa_checkpoint(tmp_path / "run" / "checkpoint.pt")[2]["step"] == 10
 
 
 def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp_path, capsys):
@@ -216,3 +231,152 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
                      f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
                      f"{test}:2): a copy cannot produce them, only the learnt emission table, and only answers seen "
                      "in training"]
+
+
+# -- the commands evaluate, predict, paths and inspect on facts files ---------------------------------------
+def unseen_questions(path, answered=()):
+    """A facts file of 6 questions about people training never showed, each two tokens longer than any training
+    question, with ids of both kinds, and answers only on the rows in ``answered``; returns ``(records, lines)``."""
+    records = kinship(6, 2, [f"m{i}" for i in range(20)], extra=("please", "now"))
+    lines = []
+    for index, record in enumerate(records):
+        line = {"id": index if index % 2 else f"ask-{index}", "facts": [list(f) for f in record.facts],
+                "question": list(record.question)}
+        lines.append(dict(line, answer=record.answer) if index in answered else line)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return records, lines
+
+
+def jsonl(path):
+    return [json.loads(text) for text in path.read_text().splitlines()]
+
+
+def test_evaluate_command_on_the_test_file_gives_the_runs_results(run, capsys):
+    capsys.readouterr()
+    out = run["folder"] / "evaluate.json"
+    assert main(["evaluate", "--checkpoint", str(run["checkpoint"]), "--data", str(run["test"]), "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    results = run["results"]
+    assert results["answer_accuracy"] == 1.0
+    for key in ("answer_accuracy", "fact_accuracy", "hop_fact_accuracy"):
+        assert printed[key] == results[key], key
+    assert math.isclose(printed["log_likelihood"], results["log_likelihood"], rel_tol=1e-6)
+    assert printed["n"] == results["n_test"] == 20 and printed["model"] == "FactAttention"
+    assert printed["answers_outside_facts"] == results["test_answers_outside_facts"] == 0
+
+
+def test_predict_and_paths_commands_answer_questions_without_answers(run, tmp_path, capsys):
+    """No answers, ids, unseen people and cities, questions two tokens longer than training's: every output line
+    carries its id, the predicted answer (right) and each hop's fact; the same as the Python API."""
+    questions = tmp_path / "ask.jsonl"
+    records, lines = unseen_questions(questions)
+    assert max(len(line["question"]) for line in lines) == 2 + max(len(r.question) for r in read_qa_jsonl(run["train"]))
+    capsys.readouterr()
+    out = tmp_path / "answers.jsonl"
+    assert main(["predict", "--checkpoint", str(run["checkpoint"]), "--data", str(questions), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote predictions for 6 questions to {out}"
+    predictions = jsonl(out)
+    assert predictions == qa_apply.predict_records(run["model"], lines)
+    for line, record, prediction in zip(lines, records, predictions):
+        assert set(prediction) == {"id", "question", "answer", "answer_prob", "facts", "fact_tokens"}
+        assert prediction["id"] == line["id"] and prediction["question"] == line["question"]
+        assert prediction["answer"] == record.answer and prediction["facts"] == list(record.supporting)
+        assert prediction["fact_tokens"] == [line["facts"][fact] for fact in prediction["facts"]]
+
+    paths = tmp_path / "paths.jsonl"
+    assert main(["paths", "--checkpoint", str(run["checkpoint"]), "--data", str(questions), "--out", str(paths),
+                 "-k", "2", "--samples", "20", "--seed", "3"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote the 2 best paths of 6 questions to {paths} (given the question alone)"
+    found = jsonl(paths)
+    assert found == qa_apply.path_records(run["model"], lines, k=2, num_samples=20, seed=3)
+    for line, record, entry in zip(lines, records, found):
+        assert entry["id"] == line["id"] and entry["answer"] == record.answer and "given_answer_paths" not in entry
+        best = entry["question_only"]["k_best"]
+        assert len(best) == 2 and best[0]["facts"] == list(record.supporting)
+        assert best[0]["fact_tokens"] == [line["facts"][fact] for fact in best[0]["facts"]]
+        assert entry["question_only"]["entropy"] >= 0
+        assert sum(sample["count"] for sample in entry["question_only"]["samples"]) == 20
+
+
+def test_paths_command_gives_the_answer_given_paths_where_there_is_an_answer(run, tmp_path, capsys):
+    questions = tmp_path / "mixed.jsonl"
+    records, lines = unseen_questions(questions, answered=(0, 3))
+    paths = tmp_path / "paths.jsonl"
+    assert main(["paths", "--checkpoint", str(run["checkpoint"]), "--data", str(questions), "--out", str(paths)]) == 0
+    assert capsys.readouterr().out.strip().endswith("(given the question alone, and given the answer for the 2 with one)")
+    found = jsonl(paths)
+    assert found == qa_apply.path_records(run["model"], lines, k=3)
+    for row, (record, entry) in enumerate(zip(records, found)):
+        assert [p["facts"] for p in entry["question_only"]["k_best"]][0] == list(record.supporting)
+        if row in (0, 3):
+            given = entry["given_answer_paths"]
+            assert given["k_best"][0]["facts"] == list(record.supporting) and entry["given_answer"] == record.answer
+            assert given["k_best"][0]["prob"] >= entry["question_only"]["k_best"][0]["prob"] - 1e-6
+        else:
+            assert "given_answer_paths" not in entry and "given_answer" not in entry
+
+
+def test_inspect_command_draws_the_hop_marginals_over_facts(run, tmp_path, capsys):
+    out = tmp_path / "figures"
+    assert main(["inspect", "--checkpoint", str(run["checkpoint"]), "--data", str(run["test"]), "--rows", "0", "1",
+                 "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out / 'hop_marginals.png'}"
+    assert (out / "hop_marginals.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_facts_commands_refuse_what_does_not_fit_in_one_line(run, tmp_path, capsys):
+    from pyro_multihop import transitive_task
+    from pyro_multihop.checkpoint import save_checkpoint
+
+    checkpoint, test = str(run["checkpoint"]), str(run["test"])
+    table = tmp_path / "table.csv"
+    transitive_task(5, seed=0).save(table)
+    questions = tmp_path / "ask.jsonl"
+    unseen_questions(questions, answered=(0,))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(run["test"].read_text().splitlines()[0] + '\n{"facts": [["a", "b"]], "question": "where"}\n')
+    long_fact = tmp_path / "long.jsonl"
+    long_fact.write_text(json.dumps({"facts": [["a", "b", "c", "d"]], "question": ["where", "a"]}) + "\n")
+    bare = tmp_path / "bare.pt"
+    save_checkpoint(bare, run["model"][0])  # the head without its vocabulary
+    cases = [
+        (["evaluate", "--checkpoint", checkpoint, "--data", str(table)], "qa checkpoint (the structured-facts head, written "
+         "by qa or babi): it takes a facts .jsonl file"),
+        (["predict", "--checkpoint", checkpoint, "--data", str(table), "--out", str(tmp_path / "p.csv")], "facts .jsonl"),
+        (["evaluate", "--checkpoint", checkpoint, "--data", str(questions)], f"{questions}:2: answer: missing (evaluation"),
+        (["evaluate", "--checkpoint", checkpoint, "--data", str(bad)], f"{bad}:2: question: expected a non-empty list"),
+        (["predict", "--checkpoint", checkpoint, "--data", str(long_fact), "--out", str(tmp_path / "p.jsonl")],
+         f"{long_fact}:1: facts[0]: has 4 tokens, more than the 3 fields"),
+        (["predict", "--checkpoint", checkpoint, "--data", str(questions), "--out", str(tmp_path / "p.csv")],
+         "must end in .jsonl"),
+        (["paths", "--checkpoint", checkpoint, "--data", str(questions), "--out", str(tmp_path / "p.csv")], "must end in .jsonl"),
+        (["paths", "--checkpoint", checkpoint, "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "p.jsonl")],
+         "does not exist"),
+        (["inspect", "--checkpoint", checkpoint, "--out", str(tmp_path / "f")], "give --data FILE.jsonl"),
+        (["inspect", "--checkpoint", checkpoint, "--data", test, "--rows", "20", "--out", str(tmp_path / "f")],
+         "--rows must be below the 20 questions"),
+        (["evaluate", "--checkpoint", str(bare), "--data", test], "holds a FactAttention without a QA vocabulary"),
+    ]
+    capsys.readouterr()
+    for argv, fragment in cases:
+        code = main(argv)
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and fragment in lines[0] and "Traceback" not in captured.err, (argv, lines)
+    assert not (tmp_path / "p.jsonl").exists() and not (tmp_path / "p.csv").exists()
+
+
+def test_evaluate_command_counts_answers_outside_facts(run, tmp_path, capsys):
+    records = read_qa_jsonl(run["test"])
+    outside = [QARecord(r.facts, r.question, "nowhere" if row == 1 else r.answer, r.supporting, id=r.id)
+               for row, r in enumerate(records)]
+    path = write_qa_jsonl(outside, tmp_path / "outside.jsonl")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(run["checkpoint"]), "--data", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        f"pyro-multihop: warning: 1 of 20 test answers occur in no fact of their question ({path}:2): a copy cannot "
+        "produce them, only the learnt emission table, and only answers seen in training"]
+    scores = json.loads(captured.out)
+    assert scores["answers_outside_facts"] == 1 and scores["answer_accuracy"] == 19 / 20

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyro_multihop.cli import main
+from pyro_multihop.datasets.babi_facts import load_task_records
 from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary, read_qa_jsonl, write_qa_jsonl
 from pyro_multihop.experiments.qa import load_qa_checkpoint, predict_qa
 
@@ -34,7 +35,7 @@ def family_records(n, seed, people, cities):
 
 
 @pytest.fixture()
-def files(tmp_path):
+def family_files(tmp_path):
     people = [f"p{i}" for i in range(12)]
     train = family_records(80, 0, people, [f"c{i}" for i in range(6)])
     # The test cities never occur in training: the answer can only be copied from a fact.
@@ -42,8 +43,8 @@ def files(tmp_path):
     return write_qa_jsonl(train, tmp_path / "train.jsonl"), write_qa_jsonl(test, tmp_path / "test.jsonl")
 
 
-def test_qa_command_writes_results_predictions_figure_and_checkpoint(files, tmp_path, capsys):
-    train_path, test_path = files
+def test_qa_command_writes_results_predictions_figure_and_checkpoint(family_files, tmp_path, capsys):
+    train_path, test_path = family_files
     out = tmp_path / "run"
     code = main(["qa", "--train", str(train_path), "--test", str(test_path), "--hops", "2", "--steps", STEPS,
                  "--out", str(out), "--no-progress"])
@@ -98,8 +99,8 @@ def test_qa_command_without_supporting_gives_null_fact_accuracy(tmp_path):
     assert load_qa_checkpoint(out / "checkpoint.pt")[2]["step"] == 3
 
 
-def test_qa_command_errors_are_one_line_and_nothing_is_trained(files, tmp_path, capsys):
-    train_path, test_path = files
+def test_qa_command_errors_are_one_line_and_nothing_is_trained(family_files, tmp_path, capsys):
+    train_path, test_path = family_files
     bad = tmp_path / "bad.jsonl"
     bad.write_text(train_path.read_text() + '{"facts": [["a"]], "question": ["q"], "answer": 7}\n')
     taken = tmp_path / "taken"
@@ -132,6 +133,15 @@ def test_babi_command_runs_the_facts_head_by_default(tmp_path, capsys):
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 1000
     head, vocabulary, state = load_qa_checkpoint(out / "checkpoint.pt")
     assert type(head).__name__ == "FactAttention" and vocabulary.num_fields == 6
+    # Its checkpoint is a qa checkpoint: evaluate on the test questions as a facts file gives the run's scores.
+    test = write_qa_jsonl(load_task_records(1, max_train=200)[1], tmp_path / "babi_test.jsonl")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(test)]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["n"] == 1000 and scores["model"] == "FactAttention"
+    for key in ("answer_accuracy", "fact_accuracy", "hop_fact_accuracy"):
+        assert scores[key] == results[key], key
+    assert math.isclose(scores["log_likelihood"], results["log_likelihood"], rel_tol=1e-6)
     capsys.readouterr()
     code = main(["babi", "--task", "1", "--method", "em", "--out", str(tmp_path / "em")])
     lines = capsys.readouterr().err.strip().splitlines()

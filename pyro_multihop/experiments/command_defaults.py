@@ -1,0 +1,50 @@
+"""The defaults that the ``pyro-multihop`` commands show in their ``--help`` and use, in a module that imports
+nothing (no torch): :mod:`pyro_multihop.cli` reads them to build its parser, so every ``--help`` answers without
+loading torch (``benchmarks/help_time.py``), and the experiment modules run with the same values.
+
+Owned here: the suffixes that tell table data from facts files (:data:`TABLE_SUFFIXES`, :data:`FACTS_SUFFIX`)
+and the bAbI settings of the chained head (:data:`BABI_SVI`, :data:`BABI_EM_ITERATIONS`, re-exported by
+:mod:`pyro_multihop.experiments.chained_babi`). The others are the command's choice of a library default that a
+module importing torch holds; the command passes them explicitly (so its help says what it runs), and
+``tests/test_cli.py`` checks that they equal the library's: :data:`TRAIN_MODELS` (the keys of
+:data:`pyro_multihop.models.registry.COMMAND_HEADS`), :data:`TRAIN_SIGMA2` (the heads' constructor defaults,
+:func:`pyro_multihop.models.registry.default_sigma2`), :data:`TRAIN_EM_ITERATIONS`
+(:data:`pyro_multihop.em.em_runs.CHAINED_EM_MAX_ITERS`) and :data:`BABI_MEMORY`
+(:data:`pyro_multihop.datasets.babi.DEFAULT_MEMORY`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["TABLE_SUFFIXES", "FACTS_SUFFIX", "TRAIN_MODELS", "TRAIN_SIGMA2", "TRAIN_EM_ITERATIONS", "BABI_SVI",
+           "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2"]
+
+#: Suffixes of table data files (columns query, target, key_0.., value_0..): what ``simulate`` writes, ``train``
+#: reads, and a ``train`` checkpoint is applied to.
+TABLE_SUFFIXES = (".csv", ".parquet")
+#: Suffix of a facts file (QA JSON Lines, docs/qa.md): what ``qa`` reads, and a ``qa`` checkpoint is applied to.
+FACTS_SUFFIX = ".jsonl"
+
+#: ``pyro-multihop train --model NAME``: the heads it fits on table data, the first the default.
+TRAIN_MODELS = ("chained", "tied")
+
+#: The gate variance of each ``--model`` when ``train`` is given no ``--sigma2``: the head's constructor default.
+TRAIN_SIGMA2 = {"chained": 0.1, "tied": 0.3}
+
+#: Most closed-form EM iterations of ``train --model chained --method em`` when ``--steps`` is not given.
+TRAIN_EM_ITERATIONS = 100
+
+#: Keyword arguments of :func:`~pyro_multihop.train.fit_svi` for bAbI through the chained head (``babi
+#: --encoding positions``; measured on task 2, docs/babi.md): full-batch steps, learning rate decaying tenfold,
+#: weight decay on the key tables (a stronger one than the chained head's default: the compound symbols give the
+#: key tables many pair entries to memorise training stories with), contexts grouped by length in steps of 10
+#: positions.
+BABI_SVI = {"num_steps": 200, "lr": 0.1, "lr_decay": 0.1, "weight_decay": {"key_tables": 1e-2}, "group_lengths": 10}
+
+#: Closed-form EM iterations of ``run_babi(method="em")`` when ``steps`` is not given.
+BABI_EM_ITERATIONS = 50
+
+#: Statements kept before each bAbI question (MemN2N's memory).
+BABI_MEMORY = 50
+
+#: Gate variance of the chained head on bAbI (``babi --encoding positions --sigma2``).
+BABI_SIGMA2 = 0.1
