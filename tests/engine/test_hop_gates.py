@@ -4,7 +4,7 @@ the checks of :class:`HopGates`."""
 
 import math
 
-import oracle
+import factories
 import pytest
 import torch
 
@@ -31,7 +31,7 @@ def test_the_dense_factors_are_the_softmax_of_the_table_entries(hops, masked):
     """``init[c, j] = log softmax_j scores[0][query_c, key_cj]`` and ``trans[l, c, i, j] = log softmax_j
     scores[l + 1][value_ci, key_cj]``, padding excluded (probability 0); the first hop's distribution is ``init``."""
     scores = random_scores(hops, seed=hops)
-    obs = oracle.random_observations(6, S, T, N, seed=10 + hops, masked=masked)
+    obs = factories.random_observations(6, S, T, N, seed=10 + hops, masked=masked)
     chain = chain_from_scores(scores, obs)
     assert chain.init.shape == (6, N) and chain.trans.shape == (hops - 1, 6, N, N)
     assert torch.equal(first_hop_log_probs(scores, obs), chain.init)
@@ -50,7 +50,7 @@ def test_the_dense_factors_are_the_softmax_of_the_table_entries(hops, masked):
 def test_one_table_for_every_hop_is_normalised_once_and_shared():
     """Hops sharing one table (a stride-0 expand, as the tied head's) give one normalised factor, viewed at every
     later hop, equal to normalising each hop's copy apart."""
-    obs = oracle.random_observations(4, S, T, N, seed=2, masked=True)
+    obs = factories.random_observations(4, S, T, N, seed=2, masked=True)
     one = random_scores(1, seed=3)[0]
     shared = one.unsqueeze(0).expand(3, S, S)
     chain = chain_from_scores(shared, obs)

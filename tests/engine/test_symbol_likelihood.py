@@ -3,6 +3,7 @@ forward recursion on the same transitions, and the rows that fail in probability
 
 import math
 
+import factories
 import oracle
 import pytest
 import torch
@@ -17,8 +18,8 @@ S, T, N = 6, 4, 5
 
 
 def inputs(hops, masked, seed, sigma2=0.5, scale=1.0):
-    head = oracle.random_chained_head(hops, S, T, seed=seed, sigma2=sigma2, scale=scale)
-    obs = oracle.random_observations(9, S, T, N, seed=seed + 1, masked=masked)
+    head = factories.random_chained_head(hops, S, T, seed=seed, sigma2=sigma2, scale=scale)
+    obs = factories.random_observations(9, S, T, N, seed=seed + 1, masked=masked)
     gates = head.hop_gates()
     weights = gates.transition_weights
     init = engine.hop_gates.first_hop_log_probs(gates.score_tables, obs).exp()
@@ -70,12 +71,12 @@ def test_the_engine_takes_the_closed_form_from_its_threshold(hops, monkeypatch):
     calls = []
     total = symbol_likelihood.key_table_symbol_route_total
     monkeypatch.setattr(queries, "key_table_symbol_route_total", lambda *args: calls.append(1) or total(*args))
-    full = oracle.random_observations(9, S, T, N, seed=21, masked=False)
-    padded = oracle.random_observations(9, S, T, N, seed=22, masked=True)
+    full = factories.random_observations(9, S, T, N, seed=21, masked=False)
+    padded = factories.random_observations(9, S, T, N, seed=22, masked=True)
 
     def gradients(obs, sigma2, scale, threshold):
         monkeypatch.setattr(queries, "CLOSED_FORM_MIN_SYMBOLS", threshold)
-        head = oracle.random_chained_head(hops, S, T, seed=20 + hops, sigma2=sigma2, scale=scale)
+        head = factories.random_chained_head(hops, S, T, seed=20 + hops, sigma2=sigma2, scale=scale)
         parameters = [head.key_tables, head.emission_logits]
         return head, parameters, torch.autograd.grad(head.log_likelihood(obs).sum(), parameters)
 
@@ -108,7 +109,7 @@ def test_a_dense_score_table_takes_the_closed_form_on_its_weights(hops, monkeypa
     calls = []
     total = symbol_likelihood.symbol_route_total
     monkeypatch.setattr(queries, "symbol_route_total", lambda *args: calls.append(1) or total(*args))
-    obs = oracle.random_observations(9, S, T, N, seed=31, masked=True)
+    obs = factories.random_observations(9, S, T, N, seed=31, masked=True)
     generator = torch.Generator().manual_seed(30 + hops)
     scores = torch.randn(hops, S, S, generator=generator, dtype=torch.float64, requires_grad=True)
     log_emission = torch.randn(S, T, generator=generator, dtype=torch.float64).log_softmax(-1)
@@ -130,7 +131,7 @@ def test_in_float32_the_closed_form_is_as_close_to_float64_as_autograd(hops, mon
 
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
     symbols, targets = 5, 4
-    obs = oracle.random_observations(40, symbols, targets, 6, seed=61, masked=True)
+    obs = factories.random_observations(40, symbols, targets, 6, seed=61, masked=True)
     generator = torch.Generator().manual_seed(60)
     emission = torch.rand(symbols, targets, generator=generator, dtype=torch.float64).softmax(-1)
     tables = torch.randn(hops, symbols, symbols, generator=generator, dtype=torch.float64)
