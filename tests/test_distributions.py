@@ -127,12 +127,12 @@ def test_vectorised_particles_loss_and_gradient_are_the_mean_over_single_particl
 def test_batched_gates_give_one_log_likelihood_per_gate():
     head, obs = tied_head(1), factories.random_observations(7, S, T, CONTEXT, seed=4)
     draws = head.sample_embeddings(3, seed=0)  # (3, S, D)
-    batched = CollapsedHopChain(head.hop_gates(draws.unsqueeze(1)), obs)
+    batched = CollapsedHopChain(head.hop_factors(draws.unsqueeze(1)), obs)
     assert batched.batch_shape == (3, 7)
     got = batched.log_prob(obs.target)
     assert got.shape == (3, 7)
     for k in range(3):
-        assert torch.allclose(got[k], CollapsedHopChain(head.hop_gates(draws[k]), obs).log_prob(obs.target),
+        assert torch.allclose(got[k], CollapsedHopChain(head.hop_factors(draws[k]), obs).log_prob(obs.target),
                               rtol=1e-12, atol=0)
         assert torch.allclose(got[k], oracle_log_likelihood(draws[k], head, obs), rtol=1e-12, atol=0)
     assert batched.sample().shape == (3, 7) and batched.sample((2,)).shape == (2, 3, 7)
@@ -148,7 +148,7 @@ def oracle_log_likelihood(embeddings, head, obs):
 def test_expand_under_an_extra_plate_costs_one_pass_and_broadcasts():
     head = factories.random_chained_head(2, S, T, seed=5)
     obs = factories.random_observations(9, S, T, CONTEXT, seed=6, masked=True)
-    single = CollapsedHopChain(head.hop_gates(), obs)
+    single = CollapsedHopChain(head.hop_factors(), obs)
     expanded = single.expand((4, 9))
     assert expanded.batch_shape == (4, 9) and isinstance(expanded, CollapsedHopChain)
     want = single.log_prob(obs.target)
@@ -165,7 +165,7 @@ def test_expand_under_an_extra_plate_costs_one_pass_and_broadcasts():
 
     def model(data):
         with pyro.plate("repeats", 4, dim=-2), pyro.plate("observations", len(data), dim=-1):
-            pyro.sample("target", CollapsedHopChain(head.hop_gates(), data), obs=data.target)
+            pyro.sample("target", CollapsedHopChain(head.hop_factors(), data), obs=data.target)
 
     loss = Trace_ELBO(max_plate_nesting=2).differentiable_loss(model, lambda data: None, obs)
     assert torch.allclose(loss, -4 * want.sum(), rtol=1e-12)
@@ -182,7 +182,7 @@ def test_vectorised_particles_without_global_latents_equal_one_particle():
 def test_support_and_enumerated_support_cover_the_predictive():
     head = factories.random_chained_head(2, S, T, seed=10)
     obs = factories.random_observations(6, S, T, CONTEXT, seed=11)
-    distribution = CollapsedHopChain(head.hop_gates(), obs, validate_args=True)
+    distribution = CollapsedHopChain(head.hop_factors(), obs, validate_args=True)
     assert distribution.has_enumerate_support and distribution.support.check(torch.tensor([0, T - 1])).all()
     support = distribution.enumerate_support(expand=False)
     assert support.shape == (T, 1) and distribution.enumerate_support().shape == (T, 6)
@@ -197,7 +197,7 @@ def test_batched_gates_must_share_one_gate_across_rows():
     head, obs = tied_head(2), factories.random_observations(5, S, T, CONTEXT, seed=12)
     draws = head.sample_embeddings(5, seed=0)
     with pytest.raises(ValueError, match="end in 1"):
-        CollapsedHopChain(head.hop_gates(draws), obs)  # (5, S, D): one gate per row, not per particle
+        CollapsedHopChain(head.hop_factors(draws), obs)  # (5, S, D): one gate per row, not per particle
 
 
 # -- the collapsed model's loss, gradient and draws against the enumerated model's --------------------------
@@ -252,7 +252,7 @@ def test_collapsed_loss_is_the_exact_negative_log_likelihood():
     head, obs = random_head("chained", 2, seed=62), random_obs(n=9, seed=63, masked=True)
     loss, _ = losses_and_grads(head, obs, collapsed=True)
     assert torch.allclose(loss, -oracle.brute_force(head, obs)["log_likelihood"].sum(), rtol=1e-12)
-    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    distribution = CollapsedHopChain(head.hop_factors(), obs)
     assert distribution.batch_shape == (len(obs),)
     other = torch.randint(factories.T, (len(obs),), generator=torch.Generator().manual_seed(0))
     relabelled = factories.random_observations(9, factories.S, factories.T, factories.N, 63, True)
@@ -264,7 +264,7 @@ def test_collapsed_sampling_follows_the_predictive():
     head = random_head("chained", 2, seed=64)
     obs = random_obs(n=1, seed=65)
     obs = obs[torch.zeros(20000, dtype=torch.long)]
-    draws = CollapsedHopChain(head.hop_gates(), obs).sample()
+    draws = CollapsedHopChain(head.hop_factors(), obs).sample()
     frequencies = torch.bincount(draws, minlength=factories.T).double() / len(obs)
     expected = oracle.brute_force(head, obs[:1])["predictive"][0]
     assert torch.allclose(frequencies, expected, atol=0.015)  # 4.5 standard errors at p = 0.5, n = 20000

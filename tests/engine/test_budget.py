@@ -62,7 +62,7 @@ def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, sigma2, sc
     head = random_head("chained", 3, seed=50, sigma2=sigma2, scale=scale)
     obs = random_obs(n=3000, seed=51, context=12)
     if sigma2 < 0.1:
-        assert "dense" in {piece.route for piece in engine.forward_backward_chunks(head.hop_gates(), obs[:50])}
+        assert "dense" in {piece.route for piece in engine.forward_backward_chunks(head.hop_factors(), obs[:50])}
     budget = 64 * 1024
     with torch.no_grad(), _LargestTensor() as spy:
         out = getattr(head, query)(obs, budget=budget)

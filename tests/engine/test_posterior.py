@@ -12,7 +12,7 @@ from pyro_multihop import engine
 def routes_taken(head, obs):
     """The routes the chunks of ``obs`` took: ``"symbols"`` or ``"positions"``, ``"dense"`` (retried on their
     dense factors), ``"log"`` (recomputed in log space)."""
-    return {piece.route for piece in engine.forward_backward_chunks(head.hop_gates(), obs)}
+    return {piece.route for piece in engine.forward_backward_chunks(head.hop_factors(), obs)}
 
 
 @HEADS

@@ -14,17 +14,17 @@ from pyro_multihop.engine.budget import bytes_per_row
 
 def test_the_symbol_route_needs_score_tables():
     head, obs = random_head("chained", 2), random_obs(n=7)
-    gates = head.hop_gates().replace(scores=None)
-    assert engine.choose_route(gates, N) == "positions"
+    factors = head.hop_factors().replace(scores=None)
+    assert engine.choose_route(factors, N) == "positions"
     with pytest.raises(ValueError, match="symbols"):
-        next(engine.forward_backward_chunks(gates, obs, route="symbols"))
+        next(engine.forward_backward_chunks(factors, obs, route="symbols"))
 
 
 @HOPS
 def test_a_gate_without_score_tables_runs_on_its_dense_factors(hops):
     """A head whose gate has position terms hands the engine only its dense log factors: same answers."""
     head, obs = random_head("chained", hops, seed=90), random_obs(n=12, seed=91, masked=True)
-    with_tables = head.hop_gates()
+    with_tables = head.hop_factors()
     without = with_tables.replace(scores=None)
     assert torch.allclose(engine.log_likelihood(without, obs), engine.log_likelihood(with_tables, obs), rtol=1e-12)
     assert torch.allclose(engine.hop_marginals(without, obs), engine.hop_marginals(with_tables, obs), atol=1e-13)
@@ -40,14 +40,14 @@ def test_dense_retries_cover_the_failing_rows_in_bounded_sub_chunks(monkeypatch)
 
     S, N = 6, 5
     head = ChainedAttention(2, S, S, sigma2=0.5, init="random", seed=0)
-    gates = head.hop_gates()
+    factors = head.hop_factors()
     chunk = factories.random_observations(40, S, S, N, 3, True)
     failing = torch.tensor([1, 4, 5, 9, 10, 11, 20, 39])
     monkeypatch.setattr(routes, "DENSE_RETRY_ELEMENTS", 3 * N * N)  # 3 rows a sub-chunk
-    prepared = routes.prepare(gates, chunk, "symbols")
-    slices = routes.dense_retries(gates, prepared, failing)
+    prepared = routes.prepare(factors, chunk, "symbols")
+    slices = routes.dense_retries(factors, prepared, failing)
     assert [s.tolist() for s in slices] == [[1, 4, 5], [9, 10, 11], [20, 39]]
     one_row = bytes_per_row("positions", 2, N, S, 4)  # float32 head: 4-byte entries
-    assert [len(s) for s in routes.dense_retries(gates, prepared, failing, budget=int(2 * one_row))] == [2] * 4
-    assert routes.dense_retries(gates, prepared, failing[:0]) == []
-    assert routes.dense_retries(gates, routes.prepare(gates, chunk, "dense"), failing) == []
+    assert [len(s) for s in routes.dense_retries(factors, prepared, failing, budget=int(2 * one_row))] == [2] * 4
+    assert routes.dense_retries(factors, prepared, failing[:0]) == []
+    assert routes.dense_retries(factors, routes.prepare(factors, chunk, "dense"), failing) == []

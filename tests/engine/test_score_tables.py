@@ -146,10 +146,10 @@ def test_likelihood_and_gradient_on_every_reading_path_equal_brute_force(hops, r
 
 def test_the_chained_head_hands_the_engine_lazy_tables():
     head = factories.random_chained_head(2, S, 4)
-    tables = head.hop_gates().score_tables
+    tables = head.hop_factors().score_tables
     assert isinstance(tables, KeyTableScores)
     assert torch.allclose(tables.dense(), head.gate_score_tables(), rtol=1e-12, atol=1e-12)
-    assert factories.random_chained_head(2, S, 4, max_distance=3).hop_gates().score_tables is None
+    assert factories.random_chained_head(2, S, 4, max_distance=3).hop_factors().score_tables is None
 
 
 def test_tables_formed_without_gradients_do_not_serve_a_differentiable_read():

@@ -139,7 +139,7 @@ def test_one_hop_is_a_single_softmax_head_in_closed_form():
 
 
 def test_identity_structure_solves_the_transitive_chain():
-    obs = chain_task(400, hops=3, num_symbols=30, pairs=4, seed=3)
+    obs = chain_task(400, n_hops=3, num_symbols=30, pairs=4, seed=3)
     identity = ChainedAttention(3, 30, 30, sigma2=0.1, key_tables=torch.eye(30).expand(3, 30, 30), emission=torch.eye(30))
     two_hop = ChainedAttention(2, 30, 30, sigma2=0.1, key_tables=torch.eye(30).expand(2, 30, 30), emission=torch.eye(30))
     assert identity.evaluate(obs)["accuracy"] > 0.75

@@ -170,10 +170,20 @@ def test_chained_attention_is_a_special_case(L):
 
 
 def test_the_generating_structure_answers_the_simulator():
-    truth = fact_chain_truth(hops=2, dtype=torch.float64)
+    truth = fact_chain_truth(n_hops=2, dtype=torch.float64)
     test = fact_chain_task(200, entities="test", seed=1)
     assert truth.evaluate(test)["accuracy"] == 1.0
     assert torch.equal(truth.map_paths(test), test.supporting)
+
+
+def test_the_generating_structure_takes_the_old_hops_keyword_with_a_warning():
+    """``hops=`` (renamed ``n_hops``) is kept for one release: it warns, naming ``n_hops``; the same head."""
+    with pytest.warns(DeprecationWarning, match=r"fact_chain_truth\(hops=...\) is deprecated; use fact_chain_truth\(n_hops"):
+        old = fact_chain_truth(hops=3, dtype=torch.float64)
+    new = fact_chain_truth(3, dtype=torch.float64)
+    assert old.n_hops == new.n_hops == 3
+    for name, value in new.state_dict().items():
+        assert torch.equal(old.state_dict()[name], value), name
 
 
 def test_bad_input():
@@ -282,7 +292,7 @@ def test_the_collapsed_distribution_scores_any_target():
     from pyro_multihop import CollapsedHopChain
 
     head, obs = _setting(2, seed=4)
-    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    distribution = CollapsedHopChain(head.hop_factors(), obs)
     other = (obs.target + 1) % S
     assert torch.allclose(distribution.log_prob(other), head.log_likelihood(obs.with_target(other)), atol=1e-12)
     assert not torch.allclose(distribution.log_prob(other), distribution.log_prob(obs.target))
