@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        obs = chain_task(config["n"], hops=config["hops"], num_symbols=config["num_symbols"],
+        obs = chain_task(config["n"], n_hops=config["hops"], num_symbols=config["num_symbols"],
                          pairs=config["pairs"], seed=0)
         path = folder / "data.parquet"
         obs.to_dataframe().to_parquet(path, index=False, row_group_size=8192)

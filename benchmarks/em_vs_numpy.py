@@ -159,7 +159,8 @@ def worker(implementation: str, config: dict, threads: int, result_path: Path) -
     from pyro_multihop.em import ChainedEM
 
     torch.set_num_threads(threads)
-    obs = chain_task(config["n"], hops=config["hops"], num_symbols=config["num_symbols"], pairs=config["pairs"], seed=0)
+    obs = chain_task(config["n"], n_hops=config["hops"], num_symbols=config["num_symbols"], pairs=config["pairs"],
+                     seed=0)
     em = ChainedEM(config["hops"], config["num_symbols"], config["num_symbols"], SIGMA2, SMOOTHING)
     model = em.m_step(em.random_stats(obs, seed=0, dtype=torch.float64))
 

@@ -250,7 +250,7 @@ def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
 
     head, em = make_head(S), make_em(S)
     obs = random_observations(n, N, S)
-    route = engine.choose_route(head.hop_gates(), N)
+    route = engine.choose_route(head.hop_factors(), N)
 
     log_likelihood, predict_proba = _without_grad(head, obs, "log_likelihood", "predict_proba").values()
 
@@ -265,11 +265,11 @@ def speed_point(N: int, S: int, n: int, n_loss: int, repeats: int) -> dict:
         {"log_likelihood": log_likelihood, "predict_proba": predict_proba, "e_step": e_step}, repeats, warmup_rounds=1
     )
 
-    gates = head.hop_gates()
+    factors = head.hop_factors()
 
     def forward_backward(route):
         def run():
-            for _ in engine.forward_backward_chunks(gates, obs, route=route):
+            for _ in engine.forward_backward_chunks(factors, obs, route=route):
                 pass
 
         return run
@@ -434,15 +434,15 @@ def peer_table(row: dict) -> list:
 
 
 # -- Pyro's DiscreteHMM peer -------------------------------------------------------------------------------------
-def hmm_logits(gates, obs):
-    """The inputs a user of Pyro's ``DiscreteHMM`` builds from the head's score tables ``gates.score_tables``:
+def hmm_logits(factors, obs):
+    """The inputs a user of Pyro's ``DiscreteHMM`` builds from the head's score tables ``factors.score_tables``:
     initial logits ``(n, N)`` of hop 1, transition logits ``(n, L - 1, N, N)`` (``[b, l, i, j]``: position ``i``'s
     value meets position ``j``'s key at hop ``l + 2``; unnormalised, ``DiscreteHMM`` normalises them) and the
     target's log emission ``(n, N)`` at each position of the last hop. The logits come from
     ``ScoreTables.chain_logits``, the cheapest route the library offers (one gather from the key tables, never
     the whole ``(L, S, S)`` table), so the build is what a user who knows the library would pay."""
-    initial, transition = gates.score_tables.chain_logits(obs)
-    emission = gates.log_emission[obs.values, obs.target.unsqueeze(-1)]
+    initial, transition = factors.score_tables.chain_logits(obs)
+    emission = factors.log_emission[obs.values, obs.target.unsqueeze(-1)]
     return initial, transition.transpose(0, 1), emission
 
 
@@ -477,13 +477,13 @@ def hmm_point(N: int, S: int, n: int, repeats: int) -> dict:
 
     def build():
         with torch.no_grad():
-            return hmm_logits(head.hop_gates(), obs)
+            return hmm_logits(head.hop_factors(), obs)
 
     def parameter_reads():
         """The part of both sides' work that reads every parameter, whatever the batch: the emission's row
-        normalisers (``hop_gates`` forms the log emission) and the key tables' norms."""
+        normalisers (``hop_factors`` forms the log emission) and the key tables' norms."""
         with torch.no_grad():
-            return head.hop_gates().score_tables.half_norms()
+            return head.hop_factors().score_tables.half_norms()
 
     ready = build()
 
@@ -491,7 +491,7 @@ def hmm_point(N: int, S: int, n: int, repeats: int) -> dict:
         """The build, differentiated: the part of ``DiscreteHMM``'s loss that reads the parameters and writes their
         gradients, which the library's loss on the position route pays too (it gathers the same logits)."""
         head.zero_grad(set_to_none=True)
-        initial, transition, emission = hmm_logits(head.hop_gates(), obs)
+        initial, transition, emission = hmm_logits(head.hop_factors(), obs)
         (initial.sum() + transition.sum() + emission.sum()).backward()
 
     def hmm_forward():
@@ -505,7 +505,7 @@ def hmm_point(N: int, S: int, n: int, repeats: int) -> dict:
 
     def hmm_loss():
         head.zero_grad(set_to_none=True)
-        hmm, value = discrete_hmm(*hmm_logits(head.hop_gates(), obs))
+        hmm, value = discrete_hmm(*hmm_logits(head.hop_factors(), obs))
         loss = -hmm.log_prob(value).sum()
         loss.backward()
         return loss.detach()
@@ -539,7 +539,7 @@ def hmm_point(N: int, S: int, n: int, repeats: int) -> dict:
         "N": N,
         "S": S,
         "n": n,
-        "route": engine.choose_route(head.hop_gates(), N),
+        "route": engine.choose_route(head.hop_factors(), N),
         "build_ms": times["build"],
         "parameter_reads_ms": times["parameter_reads"],
         "hmm_forward_ms": times["hmm_forward"],
@@ -579,7 +579,7 @@ def hmm_peak(which: str, n: int, N: int, S: int) -> dict:
         with torch.no_grad():
             if which == "library":
                 return head.log_likelihood(obs)
-            hmm, value = discrete_hmm(*hmm_logits(head.hop_gates(), obs))
+            hmm, value = discrete_hmm(*hmm_logits(head.hop_factors(), obs))
             return hmm.log_prob(value)
 
     run(random_observations(10, N, S))
@@ -735,7 +735,7 @@ def measure_queries(queries, n: int, N: int, S: int) -> list:
             "N": N,
             "S": S,
             "status": "ok",
-            "route": engine.choose_route(head.hop_gates(), N, **QUERY_ROUTE.get(query, {})),
+            "route": engine.choose_route(head.hop_factors(), N, **QUERY_ROUTE.get(query, {})),
             "seconds": seconds,
             "rss_after_load_mib": rss_before / 1024,
             "peak_mib": peak / 1024,
@@ -902,7 +902,7 @@ def sharp_point(N: int, S: int, n: int, repeats: int) -> list:
     rows = []
     for sigma2 in (SHARP_SIGMA2, SIGMA2):
         head = sharp_head(S, sigma2)
-        gates = head.hop_gates()
+        factors = head.hop_factors()
         elbo = Trace_ELBO()
 
         queries = _without_grad(head, obs, "log_likelihood", "predict_proba", "hop_marginals")
@@ -910,7 +910,7 @@ def sharp_point(N: int, S: int, n: int, repeats: int) -> list:
 
         def in_log_space():
             with torch.no_grad():
-                return chain_log_likelihood(gates.dense_chain(obs), gates.target_log_probs(obs))
+                return chain_log_likelihood(factors.dense_chain(obs), factors.target_log_probs(obs))
 
         with pyro.get_param_store().scope():
             loss = _loss_and_backward(head, head.collapsed_model, obs, elbo)
@@ -926,7 +926,7 @@ def sharp_point(N: int, S: int, n: int, repeats: int) -> list:
             times = time_side_by_side({**queries, "loss": loss, "enumerated_loss": enumerated,
                                        "in_log_space": in_log_space}, repeats, warmup_rounds=1)
         routes = {}
-        for piece in engine.forward_backward_chunks(gates, obs):
+        for piece in engine.forward_backward_chunks(factors, obs):
             routes[piece.route] = routes.get(piece.route, 0) + len(piece.obs)
         rows.append({"N": N, "S": S, "n": n, "sigma2": sigma2, **{f"{k}_ms": v for k, v in times.items()},
                      "rows_by_route": " ".join(f"{k} {v}" for k, v in routes.items())})

@@ -7,6 +7,7 @@ Names are imported on first use (PEP 562 ``__getattr__``), so that ``import pyro
 from __future__ import annotations
 
 import importlib
+import warnings
 
 __version__ = "0.1.0"
 
@@ -22,7 +23,7 @@ _EXPORTS = {
     "fact_chain_vocabulary": ".data",
     "HopChain": ".engine",
     "HopPosterior": ".engine",
-    "HopGates": ".engine",
+    "HopFactors": ".engine",
     "CollapsedHopChain": ".distributions",
     "get_memory_budget": ".engine",
     "set_memory_budget": ".engine",
@@ -49,6 +50,11 @@ _EXPORTS = {
     "DiagnosticWarning": ".diagnostics",
 }
 
+#: Renamed public names, kept for one release: old name -> (module, new name); reading one warns.
+_DEPRECATED = {
+    "HopGates": (".engine", "HopFactors"),
+}
+
 #: Sub-modules available as attributes (``pyro_multihop.engine``, ``pyro_multihop.datasets``).
 _SUBMODULES = ("engine", "datasets")
 
@@ -60,6 +66,10 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f".{name}", __name__)
+    elif name in _DEPRECATED:
+        module, new_name = _DEPRECATED[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new_name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module, __name__), new_name)  # not cached: every read warns
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later look-ups skip this function

@@ -1,10 +1,12 @@
-"""Argument checks shared by the models, guides and estimators: errors name the argument and its value."""
+"""Argument checks shared by the models, guides, estimators and simulators: errors name the argument and its
+value; an argument renamed in this release is still taken under its old keyword, with a warning."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
-__all__ = ["check_positive_int", "check_sigma2", "check_number"]
+__all__ = ["check_positive_int", "check_sigma2", "check_number", "renamed_keyword"]
 
 
 def check_positive_int(name: str, value) -> int:
@@ -35,3 +37,22 @@ def check_number(name: str, value, lower: float = 0.0, strict: bool = False) -> 
     if not math.isfinite(number) or number < lower or (strict and number == lower):
         raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lower:g}, got {value!r}")
     return number
+
+
+def renamed_keyword(function: str, new: str, value, old: str, old_value, default=None):
+    """The argument ``new`` of ``function``: ``value``, or ``old_value`` when the caller used the argument's old
+    keyword ``old`` instead (kept for one release: it warns, a :class:`DeprecationWarning` naming ``new``).
+
+    None stands for "not given": ``old_value`` None, the old keyword was not used; ``value`` None or equal to
+    ``default``, ``new`` was left at its default (``default`` None: ``new`` is required). ``TypeError``, as for
+    any bad call, when both are given or a required one is missing.
+    """
+    if old_value is None:
+        if value is None:
+            raise TypeError(f"{function}() missing required argument: {new!r}")
+        return value
+    warnings.warn(f"{function}({old}=...) is deprecated; use {function}({new}=...)", DeprecationWarning,
+                  stacklevel=3)
+    if value is not None and (default is None or value != default):
+        raise TypeError(f"{function}() got both {new!r} and its old keyword {old!r}")
+    return old_value

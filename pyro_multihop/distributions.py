@@ -90,10 +90,10 @@ class CollapsedHopChain(TorchDistribution):
     the enumerated hop sites, as Pyro's ``DiscreteHMM`` is of an enumerated HMM.
 
     ``log_prob`` is :func:`pyro_multihop.engine.log_likelihood` (differentiable in the gate and emission
-    tables), so a model with one site ``target ~ CollapsedHopChain(gates, context)`` has the enumerated
+    tables), so a model with one site ``target ~ CollapsedHopChain(factors, context)`` has the enumerated
     model's exact loss and gradient without enumeration (``Trace_ELBO`` suffices).
 
-    Shapes. The rows of the context are the rightmost batch dim. The gates may carry batch dims of their own
+    Shapes. The rows of the context are the rightmost batch dim. The factors may carry batch dims of their own
     to the left of their tables, aligned from the right with the batch shape, the last of them 1 (one gate is
     shared by every row): score tables ``(*G, 1, L, S, S)`` and a log emission ``(S, T)`` or
     ``(*G, 1, S, T)``, e.g. one set of tables per vectorised particle (``G = (K,)``). Then::
@@ -103,10 +103,10 @@ class CollapsedHopChain(TorchDistribution):
 
     :meth:`expand` only records a larger batch shape (an extra plate, vectorised particles): ``log_prob``
     runs the engine once per distinct gate and distinct row of targets and broadcasts the result, so a
-    distribution expanded to ``(K, n)`` costs one pass over the ``n`` rows. Batched gates need score tables
+    distribution expanded to ``(K, n)`` costs one pass over the ``n`` rows. Batched factors need score tables
     (a gate with position terms, ``scores = None``, has no batch dims).
 
-    :param gates: :class:`~pyro_multihop.engine.HopGates` of a head (``head.hop_gates()``), possibly batched
+    :param factors: :class:`~pyro_multihop.engine.HopFactors` of a head (``head.hop_factors()``), possibly batched
         as above.
     :param context: :class:`~pyro_multihop.data.Observations` of ``n`` rows (their targets are ignored
         except when ``log_prob`` is given that very tensor).
@@ -118,7 +118,7 @@ class CollapsedHopChain(TorchDistribution):
         >>> from pyro_multihop import ChainedAttention, transitive_task
         >>> obs = transitive_task(5, num_symbols=8, pairs=2, seed=0)
         >>> head = ChainedAttention(2, 8, 8, init="random", seed=0)
-        >>> d = CollapsedHopChain(head.hop_gates(), obs)
+        >>> d = CollapsedHopChain(head.hop_factors(), obs)
         >>> d.batch_shape, d.expand((3, 5)).log_prob(obs.target).shape
         (torch.Size([5]), torch.Size([3, 5]))
     """
@@ -126,19 +126,19 @@ class CollapsedHopChain(TorchDistribution):
     arg_constraints = {}
     has_enumerate_support = True
 
-    def __init__(self, gates, context, budget=None, validate_args=None):
-        self.gates = gates
+    def __init__(self, factors, context, budget=None, validate_args=None):
+        self.factors = factors
         self.context = context
         self.budget = budget
-        self.gates_shape = _gates_batch_shape(gates)
+        self.factors_shape = _factors_batch_shape(factors)
         n = len(context)
-        batch_shape = torch.Size([n]) if not self.gates_shape else torch.broadcast_shapes(self.gates_shape, (n,))
-        self._gate_list = None
+        batch_shape = torch.Size([n]) if not self.factors_shape else torch.broadcast_shapes(self.factors_shape, (n,))
+        self._factors_list = None
         super().__init__(batch_shape=batch_shape, event_shape=torch.Size(), validate_args=validate_args)
 
     @constraints.dependent_property(is_discrete=True, event_dim=0)
     def support(self):
-        return constraints.integer_interval(0, self.gates.log_emission.shape[-1] - 1)
+        return constraints.integer_interval(0, self.factors.log_emission.shape[-1] - 1)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
@@ -147,21 +147,21 @@ class CollapsedHopChain(TorchDistribution):
             raise ValueError(f"CollapsedHopChain of batch shape {tuple(self.batch_shape)} cannot expand to "
                              f"{tuple(batch_shape)}: the rightmost dim holds the {n} rows of the context")
         new = self._get_checked_instance(CollapsedHopChain, _instance)
-        new.gates, new.context, new.budget = self.gates, self.context, self.budget
-        new.gates_shape, new._gate_list = self.gates_shape, self._gate_list
+        new.factors, new.context, new.budget = self.factors, self.context, self.budget
+        new.factors_shape, new._factors_list = self.factors_shape, self._factors_list
         super(CollapsedHopChain, new).__init__(batch_shape, torch.Size(), validate_args=False)
         new._validate_args = self._validate_args
         return new
 
-    def _gates_at(self):
-        """The gates as a flat list over ``gates_shape[:-1]`` (C order); one entry for unbatched gates."""
-        if self._gate_list is None:
-            self._gate_list = _split_gates(self.gates, self.gates_shape)
-        return self._gate_list
+    def _factors_at(self):
+        """The factors as a flat list over ``factors_shape[:-1]`` (C order); one entry for unbatched factors."""
+        if self._factors_list is None:
+            self._factors_list = _split_factors(self.factors, self.factors_shape)
+        return self._factors_list
 
     def _gate_index(self, lead: torch.Size) -> list:
         """For every index of ``lead`` (C order), the position of its gate in :meth:`_gates_at`."""
-        groups = self.gates_shape[:-1]
+        groups = self.factors_shape[:-1]
         index = torch.arange(max(1, math.prod(groups))).reshape(groups)
         return index.expand(lead).reshape(-1).tolist()
 
@@ -186,13 +186,13 @@ class CollapsedHopChain(TorchDistribution):
         shape = torch.broadcast_shapes(value.shape, self.batch_shape)
         n = len(self.context)
         value_lead = value.shape[:-1] if value.dim() else torch.Size()
-        lead = torch.broadcast_shapes(value_lead, self.gates_shape[:-1])  # what the result varies over
-        gates = self._gates_at()
+        lead = torch.broadcast_shapes(value_lead, self.factors_shape[:-1])  # what the result varies over
+        factors = self._factors_at()
         if not lead:  # one gate and one row of targets (the common case: no copy of the targets)
             target = value if value.shape == (n,) else value.expand(n)
-            return engine.log_likelihood(gates[0], self._with_target(target), self.budget).expand(shape)
+            return engine.log_likelihood(factors[0], self._with_target(target), self.budget).expand(shape)
         targets = value.expand(lead + (n,)).reshape(-1, n)
-        rows = [engine.log_likelihood(gates[g], self._with_target(target), self.budget)
+        rows = [engine.log_likelihood(factors[g], self._with_target(target), self.budget)
                 for g, target in zip(self._gate_index(lead), targets)]
         return torch.stack(rows).reshape(lead + (n,)).expand(shape)
 
@@ -201,46 +201,46 @@ class CollapsedHopChain(TorchDistribution):
         from . import engine
 
         with torch.no_grad():
-            probs = [engine.predict_proba(gates, self.context, self.budget) for gates in self._gates_at()]
-        return torch.stack(probs).reshape(self.gates_shape[:-1] + probs[0].shape)
+            probs = [engine.predict_proba(factors, self.context, self.budget) for factors in self._factors_at()]
+        return torch.stack(probs).reshape(self.factors_shape[:-1] + probs[0].shape)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         """``sample_shape + batch_shape`` targets drawn from the predictive (one engine forward per gate)."""
-        probs = self.predictive_probs().expand(self.batch_shape + (self.gates.log_emission.shape[-1],))
+        probs = self.predictive_probs().expand(self.batch_shape + (self.factors.log_emission.shape[-1],))
         return torch.distributions.Categorical(probs=probs).sample(torch.Size(sample_shape))
 
     def enumerate_support(self, expand: bool = True) -> torch.Tensor:
         """``(T, *batch_shape)`` (or ``(T, 1, ..., 1)``): every target symbol. Its ``log_prob`` costs ``T``
         engine passes."""
-        values = torch.arange(self.gates.log_emission.shape[-1], device=self.context.keys.device)
+        values = torch.arange(self.factors.log_emission.shape[-1], device=self.context.keys.device)
         values = values.reshape((-1,) + (1,) * len(self.batch_shape))
         return values.expand((-1,) + self.batch_shape) if expand else values
 
 
-def _gates_batch_shape(gates) -> torch.Size:
+def _factors_batch_shape(factors) -> torch.Size:
     """``G``: the batch dims of the gate's tables (empty for an unbatched gate); checked (last dim 1)."""
-    emission_dims = gates.log_emission.shape[:-2]
-    score_dims = torch.Size() if gates.score_tables is None else gates.score_tables.batch_shape
-    if gates.score_tables is None and emission_dims:
-        raise ValueError(f"batched gates need score tables: log_emission has batch dims {tuple(emission_dims)} "
+    emission_dims = factors.log_emission.shape[:-2]
+    score_dims = torch.Size() if factors.score_tables is None else factors.score_tables.batch_shape
+    if factors.score_tables is None and emission_dims:
+        raise ValueError(f"batched factors need score tables: log_emission has batch dims {tuple(emission_dims)} "
                          "but the gate has position terms (scores is None)")
     shape = torch.broadcast_shapes(score_dims, emission_dims)
     if shape and shape[-1] != 1:
-        raise ValueError(f"the gates' batch shape must end in 1 (one gate shared by the rows), got {tuple(shape)}")
+        raise ValueError(f"the factors' batch shape must end in 1 (one gate shared by the rows), got {tuple(shape)}")
     return shape
 
 
-def _split_gates(gates, shape: torch.Size) -> list:
-    """One unbatched :class:`~pyro_multihop.engine.HopGates` per index of ``shape[:-1]`` (C order)."""
+def _split_factors(factors, shape: torch.Size) -> list:
+    """One unbatched :class:`~pyro_multihop.engine.HopFactors` per index of ``shape[:-1]`` (C order)."""
     from . import engine
 
     if not shape:
-        return [gates]
-    scores = gates.scores.expand(shape + gates.scores.shape[-3:])  # views: a tied table keeps its stride 0
-    emissions = gates.log_emission.expand(shape + gates.log_emission.shape[-2:])
+        return [factors]
+    scores = factors.scores.expand(shape + factors.scores.shape[-3:])  # views: a tied table keeps its stride 0
+    emissions = factors.log_emission.expand(shape + factors.log_emission.shape[-2:])
     split = []
     for index in itertools.product(*map(range, shape[:-1])):
         table = scores[index + (0,)]
-        split.append(gates.replace(scores=table, log_emission=emissions[index + (0,)],
+        split.append(factors.replace(scores=table, log_emission=emissions[index + (0,)],
                                    dense_chain=functools.partial(engine.chain_from_scores, table)))
     return split

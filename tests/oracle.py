@@ -2,12 +2,16 @@
 
 Independent of the library's gate code: it uses full squared distances between explicit query, key and
 value vectors, so one oracle serves the one-hot chained head (vectors = one-hot rows, key tables) and the
-tied-embedding head (vectors = embeddings).
+tied-embedding head (vectors = embeddings). :func:`brute_force` and :func:`head_path_tables` read those vectors
+off a head; :func:`exact_path_posterior` and the ``assert_*`` functions compare the engine's path queries with the
+enumeration; :func:`enumerated_loss` is the second reference, Pyro's own enumeration. The random heads and
+observations the tests feed them are tests/factories.py.
 """
 
 import itertools
 import math
 
+import pytest
 import torch
 
 
@@ -74,6 +78,47 @@ def onehot_vectors(key_tables, obs):
     key_tables = key_tables.detach().double()
     eye = torch.eye(key_tables.shape[-1], dtype=torch.float64)
     return eye[obs.query], [table[obs.keys] for table in key_tables], eye[obs.values]
+
+
+def embedding_vectors(embeddings, obs, n_hops):
+    """Query, per-hop key and value vectors of the tied head at ``embeddings`` ``(S, D)`` (may require grad)."""
+    return embeddings[obs.query], [embeddings[obs.keys]] * n_hops, embeddings[obs.values]
+
+
+def plug_in_embeddings(head):
+    """Vectors whose squared distances are a tied head's plug-in table: the means, and for ``plug_in="expected"``
+    one more dimension per symbol holding ``sqrt(sum_d scale_sd^2)`` (so that ``s != t`` adds both variances)."""
+    loc, scale = head.embeddings()
+    if head.plug_in == "mean":
+        return loc
+    return torch.cat([loc, torch.diag(scale.pow(2).sum(-1).sqrt())], -1)
+
+
+def head_position_logit(head, obs):
+    """The position term (:func:`position_logit`) of a ``ChainedAttention(max_distance=...)``; None for a head
+    whose gate sees symbols only."""
+    if getattr(head, "max_distance", None) is None:
+        return None
+    return position_logit(head.age_slopes.detach(), head.offset_slopes.detach(), head.max_distance,
+                          head.direction_logits.detach(), obs.values)
+
+
+def head_path_tables(head, obs, embeddings=None, log=False):
+    """:func:`enumerate_paths` of a head on ``obs``: a chained head's one-hot vectors and key tables (with its
+    position term, if any), or a tied head's :func:`plug_in_embeddings` (or ``embeddings`` ``(S, D)``)."""
+    if hasattr(head, "key_tables"):
+        vectors = onehot_vectors(head.key_tables, obs)
+    else:
+        embeddings = plug_in_embeddings(head) if embeddings is None else embeddings
+        vectors = embedding_vectors(embeddings.double(), obs, head.n_hops)
+    return enumerate_paths(*vectors, head.sigma2, head.emission.detach().double(), obs.values, obs.target, obs.mask,
+                           position_logit=head_position_logit(head, obs), log=log)
+
+
+def brute_force(head, obs, embeddings=None):
+    """:func:`summarise` of :func:`head_path_tables`: every query of a head on ``obs``, by enumeration."""
+    tables = head_path_tables(head, obs, embeddings)
+    return summarise(tables, obs.context_len, emission=head.emission.detach().double(), values=obs.values)
 
 
 def summarise(tables, N, num_targets=None, emission=None, values=None):
@@ -261,47 +306,51 @@ def position_logit(age_slopes, offset_slopes, max_distance, direction_logits=Non
     return base if direction_logits is None else for_row
 
 
-def random_observations(n, num_symbols, num_targets, context, seed=1, masked=False):
-    """Uniformly random observations (seeded); with ``masked``, about 30% padding, position 0 always real."""
-    from pyro_multihop import Observations
-
-    generator = torch.Generator().manual_seed(seed)
-    mask = None
-    if masked:
-        mask = torch.rand(n, context, generator=generator) > 0.3
-        mask[:, 0] = True
-    return Observations(
-        torch.randint(num_symbols, (n, context), generator=generator),
-        torch.randint(num_symbols, (n, context), generator=generator),
-        torch.randint(num_symbols, (n,), generator=generator),
-        torch.randint(num_targets, (n,), generator=generator),
-        mask,
-    )
+def exact_path_posterior(head, obs):
+    """Per row: ``path -> p(path | observation)`` by brute force, from the joints' logarithms (a joint whose
+    product underflows float64 still has its posterior probability)."""
+    posteriors = []
+    for table in head_path_tables(head, obs, log=True):
+        log_joints = {path: log_joint for path, (_, log_joint) in table.items()}
+        top = max(log_joints.values())
+        total = top + math.log(sum(math.exp(value - top) for value in log_joints.values()))
+        posteriors.append({path: math.exp(value - total) for path, value in log_joints.items()})
+    return posteriors
 
 
-def random_chained_head(hops, num_symbols, num_targets, seed=0, sigma2=0.6, dtype=torch.float64, scale=1.0, **options):
-    """A ``ChainedAttention`` with seeded random key tables (``scale`` times standard normal) and emission."""
-    from pyro_multihop import ChainedAttention
-
-    generator = torch.Generator().manual_seed(seed)
-    return ChainedAttention(
-        hops,
-        num_symbols,
-        num_targets,
-        sigma2=sigma2,
-        key_tables=scale * torch.randn(hops, num_symbols, num_symbols, generator=generator, dtype=dtype),
-        emission=torch.rand(num_symbols, num_targets, generator=generator, dtype=dtype).softmax(-1),
-        **options,
-    )
+def path_entropies(posteriors):
+    """``(n,)`` entropies in nats of :func:`exact_path_posterior`'s rows."""
+    return torch.tensor([-sum(p * math.log(p) for p in post.values() if p > 0) for post in posteriors],
+                        dtype=torch.float64)
 
 
-def onehot_path_tables(head, obs):
-    """:func:`enumerate_paths` of a one-hot chained head on ``obs``."""
-    return enumerate_paths(
-        *onehot_vectors(head.key_tables, obs),
-        head.sigma2,
-        head.emission.detach().double(),
-        obs.values,
-        obs.target,
-        obs.mask,
-    )
+def assert_k_best_match(paths, log_probs, posteriors, k, rtol):
+    """The k best ``paths (n, k, L)`` and ``log_probs (n, k)`` against the brute-force ``posteriors``
+    (:func:`exact_path_posterior`); paths whose probability underflows float64 there (sigma2 = 1e-3) must have
+    log-probabilities below its range (or -inf) here."""
+    for row, post in enumerate(posteriors):
+        best = sorted((p for p in post.values() if p > 0), reverse=True)[:k]
+        got = log_probs[row, : len(best)]
+        assert torch.allclose(got.exp(), torch.tensor(best, dtype=torch.float64), rtol=rtol)
+        assert (log_probs[row, len(best):].exp() == 0).all()
+        finite = log_probs[row][torch.isfinite(log_probs[row])]
+        assert (finite.diff() <= 0).all()  # best first
+        for path, log_prob in zip(paths[row, : len(best)].tolist(), got.tolist()):
+            assert post[tuple(path)] == pytest.approx(math.exp(log_prob), rel=rtol)
+
+
+def assert_map_paths_are_most_probable(paths, posteriors, rtol):
+    """Each row's ``paths (n, L)`` has the largest probability of its brute-force posterior."""
+    for row, post in enumerate(posteriors):
+        assert post[tuple(paths[row].tolist())] == pytest.approx(max(post.values()), rel=rtol)
+
+
+# -- the second reference: Pyro's own enumeration of the hop latents ----------------------------------------
+def enumerated_loss(model, guide, obs, **kwargs):
+    """``TraceEnum_ELBO``'s differentiable loss of ``model`` and ``guide`` on ``obs``, in a scope of its own (the
+    global param store untouched)."""
+    import pyro
+    from pyro.infer import TraceEnum_ELBO
+
+    with pyro.get_param_store().scope():
+        return TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(model, guide, obs, **kwargs)

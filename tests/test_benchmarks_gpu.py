@@ -72,10 +72,10 @@ def test_a_missed_comparison_fails_the_run_after_writing_the_table(tmp_path, mon
 
 def test_path_scores_equal_brute_force_joints():
     """gpu.path_log_joints (used to tell tied paths) against the test oracle's enumeration of every path."""
-    from tests import oracle
+    from tests import factories, oracle
 
     head = gpu.make_head(5).double()
-    obs = oracle.random_observations(6, 5, 5, 4, seed=3, masked=True)
+    obs = factories.random_observations(6, 5, 5, 4, seed=3, masked=True)
     tables = oracle.enumerate_paths(*oracle.onehot_vectors(head.key_tables, obs), head.sigma2,
                                     head.emission.detach().double(), obs.values, obs.target, obs.mask)
     for row, table in enumerate(tables):

@@ -2,13 +2,13 @@
 shapes, expand, vectorised particles, support and sampling against brute force and the enumerated model; the
 collapsed model's loss and gradient against the enumerated one's, in float64 and float32, and in fit_svi."""
 
-import engine_oracle
+import factories
 import oracle
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from engine_oracle import HEADS, HOPS, brute_force, make_head, random_obs
+from factories import HEADS, HOPS, random_head, random_obs
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceEnum_ELBO
 
@@ -99,7 +99,7 @@ def replay_draw(head, obs, draw, kl_weight):
 def test_vectorised_particles_loss_and_gradient_are_the_mean_over_single_particles():
     """K vectorised particles of the collapsed tied model against the K draws one at a time in the enumerated
     model (an independent route: Pyro sums the hop sites), on the same draws (recorded from the guide)."""
-    head, obs = tied_head(), oracle.random_observations(12, S, T, CONTEXT, seed=3, masked=True)
+    head, obs = tied_head(), factories.random_observations(12, S, T, CONTEXT, seed=3, masked=True)
     particles, kl_weight = 3, 0.4
     draws = []
 
@@ -125,14 +125,14 @@ def test_vectorised_particles_loss_and_gradient_are_the_mean_over_single_particl
 
 
 def test_batched_gates_give_one_log_likelihood_per_gate():
-    head, obs = tied_head(1), oracle.random_observations(7, S, T, CONTEXT, seed=4)
+    head, obs = tied_head(1), factories.random_observations(7, S, T, CONTEXT, seed=4)
     draws = head.sample_embeddings(3, seed=0)  # (3, S, D)
-    batched = CollapsedHopChain(head.hop_gates(draws.unsqueeze(1)), obs)
+    batched = CollapsedHopChain(head.hop_factors(draws.unsqueeze(1)), obs)
     assert batched.batch_shape == (3, 7)
     got = batched.log_prob(obs.target)
     assert got.shape == (3, 7)
     for k in range(3):
-        assert torch.allclose(got[k], CollapsedHopChain(head.hop_gates(draws[k]), obs).log_prob(obs.target),
+        assert torch.allclose(got[k], CollapsedHopChain(head.hop_factors(draws[k]), obs).log_prob(obs.target),
                               rtol=1e-12, atol=0)
         assert torch.allclose(got[k], oracle_log_likelihood(draws[k], head, obs), rtol=1e-12, atol=0)
     assert batched.sample().shape == (3, 7) and batched.sample((2,)).shape == (2, 3, 7)
@@ -140,19 +140,19 @@ def test_batched_gates_give_one_log_likelihood_per_gate():
 
 def oracle_log_likelihood(embeddings, head, obs):
     embeddings = embeddings.double()
-    tables = oracle.enumerate_paths(embeddings[obs.query], [embeddings[obs.keys]] * head.n_hops, embeddings[obs.values],
-                                    head.sigma2, head.emission.detach().double(), obs.values, obs.target, obs.mask)
+    tables = oracle.enumerate_paths(*oracle.embedding_vectors(embeddings, obs, head.n_hops), head.sigma2,
+                                    head.emission.detach().double(), obs.values, obs.target, obs.mask)
     return oracle.summarise(tables, obs.context_len)["log_likelihood"]
 
 
 def test_expand_under_an_extra_plate_costs_one_pass_and_broadcasts():
-    head = oracle.random_chained_head(2, S, T, seed=5)
-    obs = oracle.random_observations(9, S, T, CONTEXT, seed=6, masked=True)
-    single = CollapsedHopChain(head.hop_gates(), obs)
+    head = factories.random_chained_head(2, S, T, seed=5)
+    obs = factories.random_observations(9, S, T, CONTEXT, seed=6, masked=True)
+    single = CollapsedHopChain(head.hop_factors(), obs)
     expanded = single.expand((4, 9))
     assert expanded.batch_shape == (4, 9) and isinstance(expanded, CollapsedHopChain)
     want = single.log_prob(obs.target)
-    assert torch.allclose(want, oracle.summarise(oracle.onehot_path_tables(head, obs), CONTEXT)["log_likelihood"],
+    assert torch.allclose(want, oracle.summarise(oracle.head_path_tables(head, obs), CONTEXT)["log_likelihood"],
                           rtol=1e-12, atol=0)
     assert torch.equal(expanded.log_prob(obs.target), want.expand(4, 9))
     other = torch.randint(T, (4, 9), generator=torch.Generator().manual_seed(7))  # a different row per plate entry
@@ -165,24 +165,24 @@ def test_expand_under_an_extra_plate_costs_one_pass_and_broadcasts():
 
     def model(data):
         with pyro.plate("repeats", 4, dim=-2), pyro.plate("observations", len(data), dim=-1):
-            pyro.sample("target", CollapsedHopChain(head.hop_gates(), data), obs=data.target)
+            pyro.sample("target", CollapsedHopChain(head.hop_factors(), data), obs=data.target)
 
     loss = Trace_ELBO(max_plate_nesting=2).differentiable_loss(model, lambda data: None, obs)
     assert torch.allclose(loss, -4 * want.sum(), rtol=1e-12)
 
 
 def test_vectorised_particles_without_global_latents_equal_one_particle():
-    head = oracle.random_chained_head(2, S, T, seed=8)
-    obs = oracle.random_observations(9, S, T, CONTEXT, seed=9)
+    head = factories.random_chained_head(2, S, T, seed=8)
+    obs = factories.random_observations(9, S, T, CONTEXT, seed=9)
     vectorised = Trace_ELBO(num_particles=5, vectorize_particles=True, max_plate_nesting=1)
     loss = vectorised.differentiable_loss(head.collapsed_model, head.guide, obs)
     assert torch.allclose(loss, Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs), rtol=1e-12)
 
 
 def test_support_and_enumerated_support_cover_the_predictive():
-    head = oracle.random_chained_head(2, S, T, seed=10)
-    obs = oracle.random_observations(6, S, T, CONTEXT, seed=11)
-    distribution = CollapsedHopChain(head.hop_gates(), obs, validate_args=True)
+    head = factories.random_chained_head(2, S, T, seed=10)
+    obs = factories.random_observations(6, S, T, CONTEXT, seed=11)
+    distribution = CollapsedHopChain(head.hop_factors(), obs, validate_args=True)
     assert distribution.has_enumerate_support and distribution.support.check(torch.tensor([0, T - 1])).all()
     support = distribution.enumerate_support(expand=False)
     assert support.shape == (T, 1) and distribution.enumerate_support().shape == (T, 6)
@@ -194,10 +194,10 @@ def test_support_and_enumerated_support_cover_the_predictive():
 
 
 def test_batched_gates_must_share_one_gate_across_rows():
-    head, obs = tied_head(2), oracle.random_observations(5, S, T, CONTEXT, seed=12)
+    head, obs = tied_head(2), factories.random_observations(5, S, T, CONTEXT, seed=12)
     draws = head.sample_embeddings(5, seed=0)
     with pytest.raises(ValueError, match="end in 1"):
-        CollapsedHopChain(head.hop_gates(draws), obs)  # (5, S, D): one gate per row, not per particle
+        CollapsedHopChain(head.hop_factors(draws), obs)  # (5, S, D): one gate per row, not per particle
 
 
 # -- the collapsed model's loss, gradient and draws against the enumerated model's --------------------------
@@ -219,7 +219,7 @@ def relative_error(got, want):
 @HEADS
 @HOPS
 def test_collapsed_loss_and_gradient_equal_the_enumerated_ones_in_float64(kind, hops):
-    head, obs = make_head(kind, hops, seed=60), random_obs(n=40, seed=61, masked=True, context=6)
+    head, obs = random_head(kind, hops, seed=60), random_obs(n=40, seed=61, masked=True, context=6)
     kwargs = {"kl_weight": 0.3} if kind == "tied" else {}
     enumerated, enumerated_grads = losses_and_grads(head, obs, collapsed=False, **kwargs)
     collapsed, collapsed_grads = losses_and_grads(head, obs, collapsed=True, **kwargs)
@@ -236,8 +236,8 @@ def test_collapsed_loss_and_gradient_in_float32(kind, hops):
     1e-5 of the float64 gradient, and the collapsed one may not be worse than twice the enumerated error."""
     obs = random_obs(n=40, seed=61, masked=True, context=6)
     kwargs = {"kl_weight": 0.3} if kind == "tied" else {}
-    _, exact_grads = losses_and_grads(make_head(kind, hops, seed=60), obs, collapsed=False, **kwargs)
-    head = make_head(kind, hops, seed=60).float()
+    _, exact_grads = losses_and_grads(random_head(kind, hops, seed=60), obs, collapsed=False, **kwargs)
+    head = random_head(kind, hops, seed=60).float()
     enumerated, enumerated_grads = losses_and_grads(head, obs, collapsed=False, **kwargs)
     collapsed, collapsed_grads = losses_and_grads(head, obs, collapsed=True, **kwargs)
     assert collapsed.dtype == torch.float32
@@ -249,31 +249,31 @@ def test_collapsed_loss_and_gradient_in_float32(kind, hops):
 
 
 def test_collapsed_loss_is_the_exact_negative_log_likelihood():
-    head, obs = make_head("chained", 2, seed=62), random_obs(n=9, seed=63, masked=True)
+    head, obs = random_head("chained", 2, seed=62), random_obs(n=9, seed=63, masked=True)
     loss, _ = losses_and_grads(head, obs, collapsed=True)
-    assert torch.allclose(loss, -brute_force(head, obs)["log_likelihood"].sum(), rtol=1e-12)
-    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    assert torch.allclose(loss, -oracle.brute_force(head, obs)["log_likelihood"].sum(), rtol=1e-12)
+    distribution = CollapsedHopChain(head.hop_factors(), obs)
     assert distribution.batch_shape == (len(obs),)
-    other = torch.randint(engine_oracle.T, (len(obs),), generator=torch.Generator().manual_seed(0))
-    relabelled = oracle.random_observations(9, engine_oracle.S, engine_oracle.T, engine_oracle.N, 63, True)
+    other = torch.randint(factories.T, (len(obs),), generator=torch.Generator().manual_seed(0))
+    relabelled = factories.random_observations(9, factories.S, factories.T, factories.N, 63, True)
     relabelled.target = other
-    assert torch.allclose(distribution.log_prob(other), brute_force(head, relabelled)["log_likelihood"], rtol=1e-12)
+    assert torch.allclose(distribution.log_prob(other), oracle.brute_force(head, relabelled)["log_likelihood"], rtol=1e-12)
 
 
 def test_collapsed_sampling_follows_the_predictive():
-    head = make_head("chained", 2, seed=64)
+    head = random_head("chained", 2, seed=64)
     obs = random_obs(n=1, seed=65)
     obs = obs[torch.zeros(20000, dtype=torch.long)]
-    draws = CollapsedHopChain(head.hop_gates(), obs).sample()
-    frequencies = torch.bincount(draws, minlength=engine_oracle.T).double() / len(obs)
-    expected = brute_force(head, obs[:1])["predictive"][0]
+    draws = CollapsedHopChain(head.hop_factors(), obs).sample()
+    frequencies = torch.bincount(draws, minlength=factories.T).double() / len(obs)
+    expected = oracle.brute_force(head, obs[:1])["predictive"][0]
     assert torch.allclose(frequencies, expected, atol=0.015)  # 4.5 standard errors at p = 0.5, n = 20000
 
 
 @HEADS
 def test_fit_svi_collapsed_follows_the_enumerated_trajectory(kind):
-    train = transitive_task(60, num_symbols=engine_oracle.T, pairs=2, seed=0)
-    heads = [make_head(kind, 2, seed=70) for _ in range(2)]
+    train = transitive_task(60, num_symbols=factories.T, pairs=2, seed=0)
+    heads = [random_head(kind, 2, seed=70) for _ in range(2)]
     metrics = [fit_svi(head, train, num_steps=20, progress=False, collapsed=collapsed, log_every=5)
                for head, collapsed in zip(heads, (False, True))]
     assert torch.allclose(torch.tensor(metrics[0]["loss"].values), torch.tensor(metrics[1]["loss"].values), rtol=1e-8)
@@ -282,6 +282,6 @@ def test_fit_svi_collapsed_follows_the_enumerated_trajectory(kind):
 
 
 def test_fit_svi_collapsed_needs_a_bool():
-    head = make_head("chained", 2)
+    head = random_head("chained", 2)
     with pytest.raises(TypeError, match="collapsed"):
-        fit_svi(head, random_obs(), num_steps=1, progress=False, collapsed="yes")
+        fit_svi(head, random_obs(n=7), num_steps=1, progress=False, collapsed="yes")

@@ -233,7 +233,7 @@ def fact_questions(num_facts, n=2, hops=3, seed=0):
     facts, and a random float64 facts head over their vocabulary (its posterior spreads over many facts)."""
     import random
 
-    import facts_oracle
+    import factories
 
     from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary
 
@@ -245,7 +245,7 @@ def fact_questions(num_facts, n=2, hops=3, seed=0):
         supporting = tuple(rng.sample(range(num_facts), min(3, num_facts)))
         records.append(QARecord(tuple(facts), ("where", "is", facts[supporting[0]][0]), facts[supporting[-1]][2], supporting))
     vocabulary = QAVocabulary.build(records)
-    head = facts_oracle.random_fact_head(hops, 3, vocabulary.num_symbols, 3, seed=seed, scale=1.0)
+    head = factories.random_fact_head(hops, 3, vocabulary.num_symbols, 3, seed=seed, scale=1.0)
     return head, vocabulary.encode(records)
 
 

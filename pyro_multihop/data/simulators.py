@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..checks import renamed_keyword
 from .fact_observations import FactObservations
 from .observations import Observations
 
@@ -43,34 +44,37 @@ def _generator(seed: Optional[int]) -> torch.Generator:
     return generator
 
 
-def _check_task_sizes(n: int, num_symbols: int, pairs: int, hops: int) -> None:
+def _check_task_sizes(n: int, num_symbols: int, pairs: int, n_hops: int) -> None:
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    if not isinstance(hops, int) or hops < 1:
-        raise ValueError(f"hops must be a positive integer, got {hops!r}")
+    if not isinstance(n_hops, int) or n_hops < 1:
+        raise ValueError(f"n_hops must be a positive integer, got {n_hops!r}")
     if not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be a positive integer, got {pairs!r}")
     if not isinstance(num_symbols, int) or num_symbols < pairs:
         raise ValueError(f"num_symbols must be an integer >= pairs = {pairs}, got {num_symbols!r}")
 
 
-def chain_task(n: int, hops: int, num_symbols: int = 30, pairs: int = 5, seed: Optional[int] = 0) -> Observations:
-    """An L-hop lookup chain from ``x0`` to ``xL``, one lookup a hop; ``hops = 2`` is :func:`transitive_task`.
+def chain_task(n: int, n_hops: Optional[int] = None, num_symbols: int = 30, pairs: int = 5,
+               seed: Optional[int] = 0, *, hops: Optional[int] = None) -> Observations:
+    """An L-hop lookup chain from ``x0`` to ``xL``, one lookup a hop; ``n_hops = 2`` is :func:`transitive_task`.
 
-    Each row draws ``hops + 1`` role sets ``x_0..x_L``, each ``pairs`` distinct symbols out of
+    Each row draws ``n_hops + 1`` role sets ``x_0..x_L``, each ``pairs`` distinct symbols out of
     ``num_symbols`` (independently across roles, so a symbol can play two roles and collide). The
-    context has ``hops`` blocks of ``pairs`` positions; block ``l`` holds the pairs
+    context has ``n_hops`` blocks of ``pairs`` positions; block ``l`` holds the pairs
     ``(key x_{l-1}[j], value x_l[j])``, blocks after the first in shuffled order. The query is
-    ``x_0[i]`` and the target ``x_L[i]`` for a random chain ``i``: the identity lookup repeated ``hops``
+    ``x_0[i]`` and the target ``x_L[i]`` for a random chain ``i``: the identity lookup repeated ``n_hops``
     times finds it, up to collisions between roles. Targets live in the symbol vocabulary.
 
-    :returns: Observations with ``N = hops * pairs``.
+    :param int n_hops: ``L``, the chain length (required; ``hops=``, its old keyword, is deprecated).
+    :returns: Observations with ``N = n_hops * pairs``.
     """
-    _check_task_sizes(n, num_symbols, pairs, hops)
+    n_hops = renamed_keyword("chain_task", "n_hops", n_hops, "hops", hops)
+    _check_task_sizes(n, num_symbols, pairs, n_hops)
     generator = _generator(seed)
-    roles = torch.rand(n, hops + 1, num_symbols, generator=generator).argsort(-1)[..., :pairs]  # (n, L+1, P)
+    roles = torch.rand(n, n_hops + 1, num_symbols, generator=generator).argsort(-1)[..., :pairs]  # (n, L+1, P)
     keys, values = [], []
-    for hop in range(hops):
+    for hop in range(n_hops):
         order = torch.arange(pairs).expand(n, pairs)
         if hop > 0:
             order = torch.rand(n, pairs, generator=generator).argsort(-1)
@@ -81,14 +85,14 @@ def chain_task(n: int, hops: int, num_symbols: int = 30, pairs: int = 5, seed: O
         keys=torch.cat(keys, 1),
         values=torch.cat(values, 1),
         query=roles[:, 0].gather(1, chain).squeeze(1),
-        target=roles[:, hops].gather(1, chain).squeeze(1),
+        target=roles[:, n_hops].gather(1, chain).squeeze(1),
     )
 
 
 def transitive_task(n: int, num_symbols: int = 30, pairs: int = 5, seed: Optional[int] = 0) -> Observations:
     """The transitive lookup ``a -> b -> c``: keys ``[a, perm(b)]``, values ``[b, c]``, query ``a_i``,
     target the ``c`` paired with ``b_i``. Needs two hops; see :func:`chain_task` for the details."""
-    return chain_task(n, hops=2, num_symbols=num_symbols, pairs=pairs, seed=seed)
+    return chain_task(n, n_hops=2, num_symbols=num_symbols, pairs=pairs, seed=seed)
 
 
 def induction_task(n: int, num_symbols: int = 30, seq_len: int = 8, seed: Optional[int] = 0) -> Observations:
@@ -147,13 +151,15 @@ def fact_chain_vocabulary(num_relations: int = 4, train_entities: int = 40, test
 
 def fact_chain_task(
     n: int,
-    hops: int = 2,
+    n_hops: int = 2,
     num_facts: int = 8,
     num_relations: int = 4,
     entities: str = "train",
     train_entities: int = 40,
     test_entities: int = 20,
     seed: Optional[int] = 0,
+    *,
+    hops: Optional[int] = None,
 ) -> FactObservations:
     """Relation chains over facts ``(subject, relation, object)``: "what is the ``r_L`` of ... the ``r_1`` of X?".
 
@@ -170,37 +176,38 @@ def fact_chain_task(
     the answer copies the object of the last fact. It answers every row correctly: no distractor matches
     both the entity and the relation of a hop.
 
-    :param int hops: ``L``, chain length (at least 1).
+    :param int n_hops: ``L``, chain length (at least 1; ``hops=``, its old keyword, is deprecated).
     :param int num_facts: ``N`` (at least ``2 L``).
     :param str entities: ``'train'`` draws entities from ``train_entities`` symbols, ``'test'`` from the
         ``test_entities`` others, never seen in training (see :func:`fact_chain_vocabulary`).
     :returns: :class:`FactObservations` with ``F = 3`` and ``supporting`` the chain facts, in order.
     """
-    for name, value in (("n", n), ("hops", hops), ("num_facts", num_facts)):
+    n_hops = renamed_keyword("fact_chain_task", "n_hops", n_hops, "hops", hops, default=2)
+    for name, value in (("n", n), ("n_hops", n_hops), ("num_facts", num_facts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if num_facts < 2 * hops:
-        raise ValueError(f"num_facts must be >= 2 hops = {2 * hops}, got {num_facts}")
+    if num_facts < 2 * n_hops:
+        raise ValueError(f"num_facts must be >= 2 n_hops = {2 * n_hops}, got {num_facts}")
     if isinstance(num_relations, bool) or not isinstance(num_relations, int) or num_relations < 2:
         raise ValueError(f"num_relations must be an integer >= 2 (a distractor needs another relation), got {num_relations!r}")
     if entities not in ("train", "test"):
         raise ValueError(f"entities must be 'train' or 'test', got {entities!r}")
     vocabulary = fact_chain_vocabulary(num_relations, train_entities, test_entities)
     pool = vocabulary.train_entities if entities == "train" else vocabulary.test_entities
-    distractors = num_facts - hops
-    needed = hops + 1 + 2 * distractors
+    distractors = num_facts - n_hops
+    needed = n_hops + 1 + 2 * distractors
     if len(pool) < needed:
         raise ValueError(f"{entities}_entities must be >= {needed} (distinct entities a row needs), got {len(pool)}")
     generator = _generator(seed)
     R = num_relations
     drawn = pool.start + torch.rand(n, len(pool), generator=generator).argsort(-1)[:, :needed]  # distinct per row
-    chain, fresh = drawn[:, : hops + 1], drawn[:, hops + 1 :].reshape(n, distractors, 2)
-    relations = torch.randint(R, (n, hops), generator=generator)
-    facts = [torch.stack([chain[:, l], relations[:, l], chain[:, l + 1]], -1) for l in range(hops)]
+    chain, fresh = drawn[:, : n_hops + 1], drawn[:, n_hops + 1 :].reshape(n, distractors, 2)
+    relations = torch.randint(R, (n, n_hops), generator=generator)
+    facts = [torch.stack([chain[:, l], relations[:, l], chain[:, l + 1]], -1) for l in range(n_hops)]
     for d in range(distractors):
-        l = d % hops
+        l = d % n_hops
         z, z2 = fresh[:, d, 0], fresh[:, d, 1]
-        kind = d // hops % 3
+        kind = d // n_hops % 3
         if kind == 0:  # a chain entity with another relation
             other = (relations[:, l] + torch.randint(1, R, (n,), generator=generator)) % R
             facts.append(torch.stack([chain[:, l], other, z], -1))
@@ -211,6 +218,6 @@ def fact_chain_task(
     facts = torch.stack(facts, 1)  # (n, N, 3), chain facts first
     order = torch.rand(n, num_facts, generator=generator).argsort(-1)  # new position -> old index
     facts = facts.gather(1, order.unsqueeze(-1).expand(-1, -1, 3))
-    supporting = order.argsort(-1)[:, :hops]  # where the chain facts went
+    supporting = order.argsort(-1)[:, :n_hops]  # where the chain facts went
     question = torch.cat([R + relations, chain[:, :1]], 1)
-    return FactObservations(facts, question, chain[:, hops], supporting=supporting)
+    return FactObservations(facts, question, chain[:, n_hops], supporting=supporting)

@@ -254,7 +254,7 @@ class ChainedEM:
         accumulator = _Accumulator(stats)
         route = None if self.route == "auto" else self.route
         retried, in_log_space = 0, 0
-        for part in engine.forward_backward_chunks(model.hop_gates(), obs, rows=self.chunk_size, route=route):
+        for part in engine.forward_backward_chunks(model.hop_factors(), obs, rows=self.chunk_size, route=route):
             w = weights[part.rows]
             accumulator.add_likelihood(part.log_likelihood, w)
             accumulator.add_posterior(part, w)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import distributed
 from ..checkpoint import save_checkpoint
+from ..checks import renamed_keyword
 from . import ChainedEM, ConvergenceWarning, TiedEmbeddingVEM
 
 __all__ = ["EMRun", "run_chained_em", "run_variational_em", "training_method", "LOSS_LABELS", "CHAINED_EM_MAX_ITERS"]
@@ -59,12 +60,14 @@ def _held_out(model, val) -> dict:
     return {"val_log_likelihood": result["log_likelihood"], "val_accuracy": result["accuracy"]}
 
 
-def run_chained_em(train, val, *, hops: int, num_symbols: int, num_targets: int, sigma2: float = 0.1,
-                   max_iters: int = CHAINED_EM_MAX_ITERS, tol: float = 1e-6, seed: int = 0, dtype=None, device=None,
-                   checkpoint=None) -> EMRun:
-    """Closed-form EM of a chained head on ``train`` (``val`` evaluated every iteration); the best model is
-    saved to ``checkpoint`` (by rank 0 under a process group)."""
-    em = ChainedEM(hops, num_symbols, num_targets, sigma2=sigma2)
+def run_chained_em(train, val, *, n_hops: Optional[int] = None, num_symbols: int, num_targets: int,
+                   sigma2: float = 0.1, max_iters: int = CHAINED_EM_MAX_ITERS, tol: float = 1e-6, seed: int = 0,
+                   dtype=None, device=None, checkpoint=None, hops: Optional[int] = None) -> EMRun:
+    """Closed-form EM of a chained head of ``n_hops`` hops (required; ``hops=``, its old keyword, is deprecated)
+    on ``train`` (``val`` evaluated every iteration); the best model is saved to ``checkpoint`` (by rank 0 under a
+    process group)."""
+    n_hops = renamed_keyword("run_chained_em", "n_hops", n_hops, "hops", hops)
+    em = ChainedEM(n_hops, num_symbols, num_targets, sigma2=sigma2)
     if device is not None:
         train = train.to(device)
         val = None if val is None else val.to(device)
@@ -94,11 +97,14 @@ def run_chained_em(train, val, *, hops: int, num_symbols: int, num_targets: int,
     return EMRun(result.model, metrics, settings, notes)
 
 
-def run_variational_em(train, val, *, hops: int, num_symbols: int, num_targets: int, embed_dim: int = 8,
-                       sigma2: float = 0.3, max_iters: Optional[int] = None, lr: Optional[float] = None,
-                       seed: int = 0, checkpoint=None) -> EMRun:
-    """Variational EM of a tied-embedding head on ``train``; ``val`` is evaluated once, at the end.
-    Non-convergence is read from :class:`~pyro_multihop.em.ConvergenceWarning`."""
+def run_variational_em(train, val, *, n_hops: Optional[int] = None, num_symbols: int, num_targets: int,
+                       embed_dim: int = 8, sigma2: float = 0.3, max_iters: Optional[int] = None,
+                       lr: Optional[float] = None, seed: int = 0, checkpoint=None,
+                       hops: Optional[int] = None) -> EMRun:
+    """Variational EM of a tied-embedding head of ``n_hops`` hops (required; ``hops=``, its old keyword, is
+    deprecated) on ``train``; ``val`` is evaluated once, at the end. Non-convergence is read from
+    :class:`~pyro_multihop.em.ConvergenceWarning`."""
+    n_hops = renamed_keyword("run_variational_em", "n_hops", n_hops, "hops", hops)
     options = {"sigma2": sigma2, "seed": seed}
     if lr is not None:
         options["lr"] = lr
@@ -107,7 +113,7 @@ def run_variational_em(train, val, *, hops: int, num_symbols: int, num_targets: 
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        vem = TiedEmbeddingVEM(num_symbols, embed_dim, num_targets, hops, **options).fit(train)
+        vem = TiedEmbeddingVEM(num_symbols, embed_dim, num_targets, n_hops, **options).fit(train)
     for warning in caught:  # pass the others on
         if not issubclass(warning.category, ConvergenceWarning):
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)

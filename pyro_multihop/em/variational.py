@@ -49,7 +49,7 @@ from ..checks import check_number, check_positive_int, check_sigma2
 from ..data import Observations
 from ..diagnostics import diagnose_fit
 from ..guides.annealing import DEFAULT_PRIOR_STRENGTH, LinearAnnealing
-from ..models.tied import PLUG_IN_RULES, TiedEmbeddingAttention, embedding_hop_gates, plug_in_hop_gates
+from ..models.tied import PLUG_IN_RULES, TiedEmbeddingAttention, embedding_hop_factors, plug_in_hop_factors
 from .closed_form import ConvergenceWarning
 
 __all__ = ["TiedEmbeddingVEM"]
@@ -266,8 +266,8 @@ class TiedEmbeddingVEM:
         log_emission = emission.log().requires_grad_()
         log_likelihood = 0.0
         for embeddings in draws:
-            gates = embedding_hop_gates(embeddings, log_emission, self.sigma2, self.n_hops)
-            log_likelihood = log_likelihood + engine.log_likelihood(gates, obs).sum()
+            factors = embedding_hop_factors(embeddings, log_emission, self.sigma2, self.n_hops)
+            log_likelihood = log_likelihood + engine.log_likelihood(factors, obs).sum()
         kl = 0.5 * (means.pow(2) + log_vars.exp() - 1.0 - log_vars).sum()
         if distributed.rank() != 0:
             kl = kl * 0.0  # summed over ranks, the KL term counts once (rank 0's)
@@ -276,8 +276,9 @@ class TiedEmbeddingVEM:
     @torch.no_grad()
     def _plug_in_log_likelihood(self, obs, means, log_vars, emission) -> torch.Tensor:
         """Summed plug-in ``log p(target | context, query)`` of ``obs`` at the current posterior (a 0-dim tensor)."""
-        gates = plug_in_hop_gates(means, (0.5 * log_vars).exp(), emission.log(), self.sigma2, self.n_hops, self.plug_in)
-        return engine.log_likelihood(gates, obs).sum().to(means.dtype)
+        factors = plug_in_hop_factors(means, (0.5 * log_vars).exp(), emission.log(), self.sigma2, self.n_hops,
+                                      self.plug_in)
+        return engine.log_likelihood(factors, obs).sum().to(means.dtype)
 
     def _counts(self, obs: Observations, responsibilities: torch.Tensor) -> torch.Tensor:
         """``(S, T)`` responsibility-weighted counts of ``(value at the last hop, target)``."""

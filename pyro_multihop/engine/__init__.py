@@ -1,10 +1,10 @@
 """The exact hop-chain engine: every plug-in query of every head, in chunks of rows under a memory budget.
 
-A head describes its gate to the engine by a :class:`HopGates` (``head.hop_gates()``): the ``(S, T)`` log
-emission table, a callable that builds the dense log factors (:class:`HopChain`) of a chunk of
-observations, and, when the gate of hop ``l`` depends on the (query symbol, key symbol) pair alone, the
-``(L, S, S)`` table ``scores[l, q, k]`` of its unnormalised logits. The engine runs one recursion
-(:mod:`.recursion`) over the hop chain of each chunk, with the transitions passed in as one of two
+A head hands the engine the factors of its hop chain, every hop's gate and the emission, as a :class:`HopFactors`
+(``head.hop_factors()``): the ``(S, T)`` log emission table, a callable that builds the dense log factors
+(:class:`HopChain`) of a chunk of observations, and, when the gate of hop ``l`` depends on the (query symbol, key
+symbol) pair alone, the ``(L, S, S)`` table ``scores[l, q, k]`` of its unnormalised logits. The engine runs one
+recursion (:mod:`.recursion`) over the hop chain of each chunk, with the transitions passed in as one of two
 implementations of one protocol (:mod:`.transitions`), and the query as the step:
 
 - **symbols**: the transition of hop ``l`` from position ``i`` to ``j`` is ``E_l[value_i, key_j] / R_l[value_i]``,
@@ -22,7 +22,7 @@ Memory: each query allocates its output, then processes as many rows at a time a
 tensors under the budget (:func:`get_memory_budget`, default :data:`DEFAULT_MEMORY_BUDGET` = 256 MiB, a
 context variable: change it with :func:`set_memory_budget`, the :func:`memory_budget` context manager, or the
 ``budget=`` argument of every query). Without gradients, peak memory is the budget plus the inputs and the
-outputs, whatever ``n``. Chunks are moved to the device of the gates one at a time, so the data may stay
+outputs, whatever ``n``. Chunks are moved to the device of the factors one at a time, so the data may stay
 on the CPU.
 
 The observations need only ``len()``, ``context_len``, ``obs[slice or LongTensor]``, ``to(device)``,
@@ -30,13 +30,14 @@ The observations need only ``len()``, ``context_len``, ``obs[slice or LongTensor
 the symbol tables are (``scores``, ``log_emission`` without a ``position_emission``, :func:`value_marginals`).
 
 Modules, one job each: :mod:`.budget` (the memory budget, the working memory of a row, and chunking),
-:mod:`.hop_gates` (what a head hands the engine), :mod:`.score_tables` (the gate's symbol tables, read lazily),
+:mod:`.hop_factors` (what a head hands the engine), :mod:`.score_tables` (the gate's symbol tables, read lazily),
 :mod:`.symbol_likelihood` (the symbol route's likelihood gradient in closed form, for many symbols),
 :mod:`.recursion` (the one recursion), :mod:`.transitions` (the protocol and its two implementations),
 :mod:`.routes` (which route a chunk takes, a chunk prepared on one, the dense retry), :mod:`.posterior`
 (forward-backward over chunks), :mod:`.queries` (likelihood, predictive, marginals), :mod:`.paths` (MAP, k
 best, sampling, entropy), :mod:`.hop_posterior` (every row's posterior, its path queries read lazily),
-:mod:`.log_space` (the log-space recursions on dense chunks), :mod:`.moved_names` (deprecated aliases).
+:mod:`.log_space` (the log-space recursions on dense chunks), :mod:`.moved_names` (deprecated aliases;
+:mod:`.hop_gates`, the old path of :mod:`.hop_factors`, holds nothing else).
 
 The posterior classes are named by the rows they hold: :class:`HopPosterior` (every row: what a head's
 ``posterior`` returns), :class:`ChunkPosterior` (one chunk, probability space) and :class:`LogChunkPosterior`
@@ -45,6 +46,7 @@ The posterior classes are named by the rows they hold: :class:`HopPosterior` (ev
 Shapes: ``n`` rows, ``c`` rows of a chunk, ``N`` positions, ``L`` hops, ``S`` symbols, ``T`` targets.
 """
 
+from . import hop_gates  # noqa: F401  the old module path of .hop_factors, kept for one release
 from .budget import (
     DEFAULT_MEMORY_BUDGET,
     dense_chunks,
@@ -53,7 +55,7 @@ from .budget import (
     rows_within_budget,
     set_memory_budget,
 )
-from .hop_gates import HopGates, chain_from_scores
+from .hop_factors import HopFactors, chain_from_scores
 from .hop_posterior import HopPosterior
 from .log_space import HopChain, LogChunkPosterior
 from .moved_names import deprecated_aliases
@@ -72,7 +74,7 @@ from .routes import ROUTES, SYMBOL_ROUTE_RATIO, choose_route
 from .transitions import PositionTransitions, SymbolTransitions, Transitions, key_statistics_from_pairwise
 
 __all__ = [
-    "HopGates",
+    "HopFactors",
     "HopChain",
     "ScoreTables",
     "DenseScoreTables",
@@ -108,5 +110,7 @@ __all__ = [
     "key_statistics_from_pairwise",
 ]
 
-# Renamed (the posterior classes' scheme above); the old name is kept for one release.
-__getattr__ = deprecated_aliases(__name__, {"ChainPosterior": (__name__, "LogChunkPosterior")})
+# Renamed (the posterior classes' scheme above; HopGates carries the emission too); the old names are kept for one
+# release.
+__getattr__ = deprecated_aliases(__name__, {"ChainPosterior": (__name__, "LogChunkPosterior"),
+                                            "HopGates": (__name__, "HopFactors")})

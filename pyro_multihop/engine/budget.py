@@ -3,7 +3,7 @@ rows under the budget.
 
 The budget is a :class:`contextvars.ContextVar`: :func:`set_memory_budget` changes it for the current
 context (thread or task), :func:`memory_budget` for a block, and every query also takes ``budget=``.
-:func:`rows_per_chunk` turns it into rows per chunk for a head's gates (:class:`~.hop_gates.HopGates`) and a
+:func:`rows_per_chunk` turns it into rows per chunk for a head's factors (:class:`~.hop_factors.HopFactors`) and a
 route, :func:`row_slices` and :func:`device_chunk` cut the rows, and :func:`dense_chunks` yields the dense log
 factors of a head's rows chunk by chunk.
 """
@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .hop_gates import HopGates
+from .hop_factors import HopFactors
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -85,12 +85,12 @@ def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: floa
     return (elements + extra) * itemsize + 8 * 4 * N  # int64 index tensors
 
 
-def rows_per_chunk(gates: HopGates, N: int, route: str, budget=None, extra: float = 0.0) -> int:
-    """Rows of ``N`` positions per chunk of ``gates`` on ``route`` under the budget, with ``extra`` elements a row
+def rows_per_chunk(factors: HopFactors, N: int, route: str, budget=None, extra: float = 0.0) -> int:
+    """Rows of ``N`` positions per chunk of ``factors`` on ``route`` under the budget, with ``extra`` elements a row
     more."""
-    itemsize = gates.log_emission.element_size()
-    extra = extra + (0.0 if gates.extra_elements is None else gates.extra_elements(N))
-    return rows_within_budget(bytes_per_row(route, gates.n_hops, N, gates.num_symbols, itemsize, extra), budget)
+    itemsize = factors.log_emission.element_size()
+    extra = extra + (0.0 if factors.extra_elements is None else factors.extra_elements(N))
+    return rows_within_budget(bytes_per_row(route, factors.n_hops, N, factors.num_symbols, itemsize, extra), budget)
 
 
 def row_slices(n: int, rows: int) -> Iterator[slice]:
@@ -105,14 +105,14 @@ def device_chunk(obs, rows, device: torch.device):
     return chunk if chunk.device == device else chunk.to(device)
 
 
-def dense_chunks(gates: HopGates, obs, budget, extra: float = 0.0):
+def dense_chunks(factors: HopFactors, obs, budget, extra: float = 0.0):
     """``(rows, chunk, chain, log_emission)`` for the chunks of ``obs`` on the position route under the budget,
-    without gradients: ``rows`` a slice of ``obs``, ``chunk`` its rows on the gates' device, ``chain`` their dense
+    without gradients: ``rows`` a slice of ``obs``, ``chunk`` its rows on the factors' device, ``chain`` their dense
     log factors (:class:`~.log_space.HopChain`) and ``log_emission`` ``(c, N)`` the target's log-probability at
     each position."""
     n, N = len(obs), obs.context_len
-    device = gates.log_emission.device
+    device = factors.log_emission.device
     with torch.no_grad():
-        for part in row_slices(n, rows_per_chunk(gates, N, "positions", budget, extra)):
+        for part in row_slices(n, rows_per_chunk(factors, N, "positions", budget, extra)):
             chunk = device_chunk(obs, part, device)
-            yield part, chunk, gates.dense_chain(chunk), gates.target_log_probs(chunk)
+            yield part, chunk, factors.dense_chain(chunk), factors.target_log_probs(chunk)

@@ -1,120 +1,20 @@
-"""What a head hands the engine (:class:`HopGates`), and the first-hop distribution and dense log factors of a
-gate given by score tables. Which route a chunk takes is :mod:`.routes`."""
+"""Deprecated module path: what a head hands the engine is now :mod:`.hop_factors` (``HopGates`` was renamed
+:class:`~.hop_factors.HopFactors`: it carries the emission as well as the gates), and the route choice is
+:mod:`.routes`. Every name read here warns (:class:`DeprecationWarning`, naming its new home) and returns the new
+object; this module goes in the next release."""
 
-from __future__ import annotations
-
-from typing import Callable, Optional
-
-import torch
-
-from .log_space import HopChain, masked_log_softmax
 from .moved_names import deprecated_aliases
-from .score_tables import ScoreTables, as_score_tables
 
-__all__ = ["HopGates", "chain_from_scores", "first_hop_log_probs"]
+__all__: list = []
 
-# The route choice moved to .routes; kept here for one release.
-__getattr__ = deprecated_aliases(__name__, {name: ("pyro_multihop.engine.routes", name)
-                                            for name in ("ROUTES", "SYMBOL_ROUTE_RATIO", "choose_route")})
-
-class HopGates:
-    """A head's gate and emission, as the engine needs them.
-
-    :ivar log_emission: ``(S, T)`` normalised log emission table.
-    :ivar dense_chain: ``observations -> HopChain``, the dense log factors of a chunk (``init (c, N)``,
-        ``trans (L - 1, c, N, N)``).
-    :ivar n_hops: ``L``.
-    :ivar score_tables: :class:`~.score_tables.ScoreTables` or None: ``scores[l, q, k]`` ``(L, S, S)``, the
-        unnormalised logit of hop ``l + 1`` when its query symbol ``q`` meets key symbol ``k``, read lazily
-        (gathered at a chunk's pairs, or exponentiated whole). None when the gate depends on more than the two
-        symbols (then only the dense log factors are available). The constructor's ``scores`` takes a tensor
-        (wrapped in :class:`~.score_tables.DenseScoreTables`) or a :class:`~.score_tables.ScoreTables`.
-    :ivar scores: the whole ``(L, S, S)`` table (formed on first read), or None.
-    :ivar position_emission: None (the target is emitted from the last attended value through
-        ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
-        that the last hop attends position ``i``: an emission that reads more of a position than its value
-        (the structured-facts head's copy emission). With it, ``scores`` must be None.
-    :ivar position_target: None, or ``chunk -> (c, N)``: ``position_emission``'s entry of each row's target
-        alone, when the head computes it for less than the ``(c, N, T)`` table.
-    :ivar extra_elements: None, or ``N -> elements``: working memory per row, in elements, that the head's
-        ``dense_chain`` and ``position_emission`` need beyond the engine's count (chunks shrink to fit).
-
-    The observations the engine is given need only ``len()``, ``context_len``, ``obs[slice or LongTensor]``,
-    ``to(device)``, ``device``, ``mask``, ``full_mask()`` and ``target``; ``keys``, ``values`` and ``query``
-    are read only on the paths that use ``scores`` or ``log_emission`` (the symbol tables).
-    """
-
-    def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[object], HopChain], n_hops: int,
-                 scores=None,
-                 position_emission: Optional[Callable[[object], torch.Tensor]] = None,
-                 extra_elements: Optional[Callable[[int], float]] = None,
-                 position_target: Optional[Callable[[object], torch.Tensor]] = None):
-        if position_emission is not None and scores is not None:
-            raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
-        self.log_emission = log_emission
-        self.dense_chain = dense_chain
-        self.n_hops = n_hops
-        self.score_tables: Optional[ScoreTables] = as_score_tables(scores)
-        self.position_emission = position_emission
-        self.extra_elements = extra_elements
-        self.position_target = position_target
-
-    def replace(self, **changes) -> "HopGates":
-        """A copy with some fields changed."""
-        fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
-                  "scores": self.score_tables, "position_emission": self.position_emission,
-                  "extra_elements": self.extra_elements, "position_target": self.position_target}
-        fields.update(changes)
-        return HopGates(**fields)
-
-    @property
-    def num_symbols(self) -> int:
-        """``S``, the rows of the emission table."""
-        return self.log_emission.shape[0]
-
-    def target_log_probs(self, chunk) -> torch.Tensor:
-        """``(c, N)``: ``log p(target_c | z_L = i)`` at every position of a chunk."""
-        if self.position_emission is None:
-            return self.log_emission[chunk.values, chunk.target.unsqueeze(-1)]
-        if self.position_target is not None:
-            return self.position_target(chunk)
-        index = chunk.target.view(-1, 1, 1).expand(-1, chunk.context_len, 1)
-        return self.position_emission(chunk).gather(-1, index).squeeze(-1)
-
-    @property
-    def scores(self) -> Optional[torch.Tensor]:
-        return None if self.score_tables is None else self.score_tables.dense()
-
-    @property
-    def transition_weights(self) -> list:
-        """``L - 1`` tables ``(S, S)``: ``exp(scores[l] - max_k scores[l, :, k])`` for the hops after the first (row
-        maximum 1), computed once per :class:`HopGates` and shared by every chunk (each possibly a transposed
-        view)."""
-        return self.score_tables.transition_weights()
-
-
-def first_hop_log_probs(scores, obs) -> torch.Tensor:
-    """``(c, N)`` ``log p(z_1 = i)`` from the score tables (a tensor or :class:`~.score_tables.ScoreTables`) of
-    hop 1 (padding excluded)."""
-    logits = as_score_tables(scores).gather(0, obs.query.unsqueeze(-1), obs.keys)
-    return masked_log_softmax(logits, obs.mask)
-
-
-def chain_from_scores(scores, obs) -> HopChain:
-    """The dense log factors of ``obs`` for a gate given by the score tables ``scores`` (an ``(L, S, S)`` tensor or
-    :class:`~.score_tables.ScoreTables`).
-
-    In formulas (padding positions excluded from every softmax)::
-
-        init[c, j]        = log softmax_j scores[0][query_c, key_cj]
-        trans[l, c, i, j] = log softmax_j scores[l + 1][value_ci, key_cj]
-    """
-    tables = as_score_tables(scores)
-    first, later = tables.chain_logits(obs)
-    init = masked_log_softmax(first, obs.mask)
-    if tables.n_hops == 1:
-        return HopChain(init, later)
-    pair_mask = None if obs.mask is None else obs.mask.unsqueeze(-2)
-    if later.shape[0] > 1 and later.stride(0) == 0:  # one table for every hop (the tied head): normalise once
-        return HopChain(init, masked_log_softmax(later[0], pair_mask).unsqueeze(0).expand_as(later))
-    return HopChain(init, masked_log_softmax(later, pair_mask))
+_HOP_FACTORS = "pyro_multihop.engine.hop_factors"
+_ROUTES = "pyro_multihop.engine.routes"
+__getattr__ = deprecated_aliases(__name__, {
+    "HopGates": (_HOP_FACTORS, "HopFactors"),
+    "HopFactors": (_HOP_FACTORS, "HopFactors"),
+    "chain_from_scores": (_HOP_FACTORS, "chain_from_scores"),
+    "first_hop_log_probs": (_HOP_FACTORS, "first_hop_log_probs"),
+    "ROUTES": (_ROUTES, "ROUTES"),
+    "SYMBOL_ROUTE_RATIO": (_ROUTES, "SYMBOL_ROUTE_RATIO"),
+    "choose_route": (_ROUTES, "choose_route"),
+})

@@ -13,7 +13,7 @@ import torch
 
 from ..checks import check_positive_int
 from .budget import device_chunk, row_slices, rows_per_chunk
-from .hop_gates import HopGates
+from .hop_factors import HopFactors
 from .log_space import (
     chain_entropy,
     chain_k_best,
@@ -34,18 +34,18 @@ __getattr__ = deprecated_aliases(__name__, {"HopPosterior": ("pyro_multihop.engi
                                             "dense_chunks": ("pyro_multihop.engine.budget", "dense_chunks")})
 
 
-def _chunks(gates: HopGates, obs, route: str, budget, extra: float = 0.0):
+def _chunks(factors: HopFactors, obs, route: str, budget, extra: float = 0.0):
     n, N = len(obs), obs.context_len
-    device = gates.log_emission.device
-    for part in row_slices(n, rows_per_chunk(gates, N, route, budget, extra)):
+    device = factors.log_emission.device
+    for part in row_slices(n, rows_per_chunk(factors, N, route, budget, extra)):
         yield part, device_chunk(obs, part, device)
 
 
-def _emission(gates: HopGates, chunk, given_target: bool, dtype):
+def _emission(factors: HopFactors, chunk, given_target: bool, dtype):
     """``(emission (c, N), shift (c,), ok (c,))`` as :func:`~.posterior.shifted_emission`, or 1 at every real
     position without the target."""
     if given_target:
-        return shifted_emission(gates, chunk)
+        return shifted_emission(factors, chunk)
     real = chunk.full_mask()
     return real.to(dtype), torch.zeros(len(chunk), dtype=dtype, device=real.device), torch.ones_like(real[:, 0])
 
@@ -68,22 +68,22 @@ def _rescaled(step, floor: float):
 
 
 # -- MAP --------------------------------------------------------------------------------------------------------
-def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=None, emission=None,
+def _map_chunk(factors: HopFactors, chunk, route: str, given_target: bool, prepared=None, emission=None,
                budget=None) -> torch.Tensor:
     """The MAP paths of a chunk; ``prepared`` and ``emission`` (``shifted_emission``'s triple) when a
     forward-backward pass on the same route already formed them. Rows that underflow are retried on the dense
     route (:func:`~.routes.dense_retries`), then recomputed in log space."""
-    prepared = prepare(gates, chunk, route) if prepared is None else prepared
+    prepared = prepare(factors, chunk, route) if prepared is None else prepared
     transitions = prepared.transitions
     if emission is None or not given_target:
-        emission = _emission(gates, chunk, given_target, prepared.init.dtype)
+        emission = _emission(factors, chunk, given_target, prepared.init.dtype)
     emission, _, ok = emission
     floor = underflow_floor(emission.dtype)
-    messages, kept = recurse(prepared.init, range(gates.n_hops - 1), _rescaled(transitions.max_forward, floor))
+    messages, kept = recurse(prepared.init, range(factors.n_hops - 1), _rescaled(transitions.max_forward, floor))
     best, last = (messages[-1] * emission).max(-1)
     ok = ok & transitions.ok & (best >= floor)
     path = [last]
-    for hop in reversed(range(gates.n_hops - 1)):
+    for hop in reversed(range(factors.n_hops - 1)):
         ok &= kept[hop][1] >= floor
         # The best predecessor of the decoded position alone (ties to the lowest index).
         weights = transitions.reverse_weights(hop, messages[hop], path[0].unsqueeze(-1))  # (c, 1, N)
@@ -91,16 +91,16 @@ def _map_chunk(gates: HopGates, chunk, route: str, given_target: bool, prepared=
     paths = torch.stack(path, dim=-1)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        retries = dense_retries(gates, prepared, bad, budget)
+        retries = dense_retries(factors, prepared, bad, budget)
         for rows in retries:
-            paths[rows] = _map_chunk(gates, chunk[rows], "dense", given_target, budget=budget)
+            paths[rows] = _map_chunk(factors, chunk[rows], "dense", given_target, budget=budget)
         if not retries:
-            _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+            _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
             paths[bad] = chain_map_paths(chain, _log_space_emission(log_emission, given_target))
     return paths
 
 
-def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True, kept=()) -> torch.Tensor:
+def map_paths(factors: HopFactors, obs, budget=None, given_target: bool = True, kept=()) -> torch.Tensor:
     """``(n, L)`` LongTensor, the most probable hop path given the target (Viterbi by max-product; ties to the
     lowest index); with ``given_target=False`` the most probable path of the prior chain (targets ignored).
 
@@ -108,16 +108,16 @@ def map_paths(gates: HopGates, obs, budget=None, given_target: bool = True, kept
         slices from 0, ``prepared`` a :class:`~.routes.PreparedChunk` on the max-product's route, ``emission``
         its :func:`~.posterior.shifted_emission` triple), as a forward-backward pass kept them
         (:func:`~.queries.posterior_marginals`' ``keep``): decoded without preparing them again."""
-    out = torch.empty(len(obs), gates.n_hops, dtype=torch.long, device=gates.log_emission.device)
-    route = choose_route(gates, obs.context_len, max_product=True)
+    out = torch.empty(len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
+    route = choose_route(factors, obs.context_len, max_product=True)
     done = 0
     with torch.no_grad():
         for part, prepared, emission in kept:
-            out[part] = _map_chunk(gates, prepared.obs, route, given_target, prepared, emission, budget)
+            out[part] = _map_chunk(factors, prepared.obs, route, given_target, prepared, emission, budget)
             done = part.stop
         rest = obs[done:] if done else obs
-        for part, chunk in _chunks(gates, rest, route, budget):
-            out[done + part.start:done + part.stop] = _map_chunk(gates, chunk, route, given_target, budget=budget)
+        for part, chunk in _chunks(factors, rest, route, budget):
+            out[done + part.start:done + part.stop] = _map_chunk(factors, chunk, route, given_target, budget=budget)
     return out
 
 
@@ -279,11 +279,11 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
     return candidates, needed, fits
 
 
-def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget, given_target: bool = True):
-    L, N = gates.n_hops, chunk.context_len
-    prepared = prepare(gates, chunk, route)
+def _k_best_chunk(factors: HopFactors, chunk, route: str, k: int, budget, given_target: bool = True):
+    L, N = factors.n_hops, chunk.context_len
+    prepared = prepare(factors, chunk, route)
     transitions = prepared.transitions
-    emission, _, ok = _emission(gates, chunk, given_target, prepared.init.dtype)
+    emission, _, ok = _emission(factors, chunk, given_target, prepared.init.dtype)
     floor = underflow_floor(emission.dtype)
     cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
     pruned = torch.zeros_like(ok)
@@ -331,7 +331,7 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget, given_targ
             ok[rows] &= found[3]
     # The k-max product over every position holds (c, N, k, N) or (c, S, k N): the other rows in slices that fit.
     rows = (~pruned).nonzero().squeeze(-1)
-    per = rows_per_chunk(gates, N, "positions", budget, extra=3 * N * max(N, gates.num_symbols) * k)
+    per = rows_per_chunk(factors, N, "positions", budget, extra=3 * N * max(N, factors.num_symbols) * k)
     for part in row_slices(len(rows), per):
         sub = rows[part]
         found = _k_max_paths(transitions.select(sub), prepared.init[sub], emission[sub], L, k, floor)
@@ -354,11 +354,11 @@ def _k_best_chunk(gates: HopGates, chunk, route: str, k: int, budget, given_targ
         paths = torch.cat([paths, paths.new_zeros(c, k - values.shape[-1], L)], dim=-2)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        retries = dense_retries(gates, prepared, bad, budget)
+        retries = dense_retries(factors, prepared, bad, budget)
         for rows in retries:
-            paths[rows], log_probs[rows] = _k_best_chunk(gates, chunk[rows], "dense", k, budget, given_target)
+            paths[rows], log_probs[rows] = _k_best_chunk(factors, chunk[rows], "dense", k, budget, given_target)
         if not retries:
-            _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+            _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
             paths[bad], log_probs[bad] = chain_k_best(chain, _log_space_emission(log_emission, given_target), k)
     return paths, log_probs
 
@@ -367,36 +367,36 @@ def _kmax(transitions, message, hop, k):
     return transitions.kmax_forward(message, hop, k)
 
 
-def k_best_paths(gates: HopGates, obs, k: int, budget=None, given_target: bool = True):
+def k_best_paths(factors: HopFactors, obs, k: int, budget=None, given_target: bool = True):
     """``(paths (n, k, L), log_probs (n, k))``: the ``k`` most probable hop paths given the target, best
     first, with their posterior log-probabilities; ``-inf`` rows where fewer than ``k`` paths exist. With
     ``given_target=False``, those of the prior chain (targets ignored: the paths followed before the answer is
     seen), with their prior log-probabilities."""
     check_positive_int("k", k)
-    n, L, N = len(obs), gates.n_hops, obs.context_len
-    device = gates.log_emission.device
+    n, L, N = len(obs), factors.n_hops, obs.context_len
+    device = factors.log_emission.device
     paths = torch.zeros(n, k, L, dtype=torch.long, device=device)
-    log_probs = gates.log_emission.new_empty(n, k)
-    route = choose_route(gates, N, max_product=True)
+    log_probs = factors.log_emission.new_empty(n, k)
+    route = choose_route(factors, N, max_product=True)
     # The max-marginals and the candidates' paths; rows that are not pruned run in smaller slices.
     extra = 4 * ENUMERATED_PATHS + 4 * (L + 1) * N
     with torch.no_grad():
-        for part, chunk in _chunks(gates, obs, route, budget, extra=extra):
-            paths[part], log_probs[part] = _k_best_chunk(gates, chunk, route, k, budget, given_target)
+        for part, chunk in _chunks(factors, obs, route, budget, extra=extra):
+            paths[part], log_probs[part] = _k_best_chunk(factors, chunk, route, k, budget, given_target)
     return paths, log_probs
 
 
 # -- sampling ----------------------------------------------------------------------------------------------------
-def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generator, budget=None):
+def _sample_chunk(factors: HopFactors, chunk, route: str, num_samples: int, generator, budget=None):
     """``(num_samples, c, L)`` by forward filtering, backward sampling in probability space::
 
         z_L ~ alpha_L(z_L) p(target | z_L),    z_l | z_{l+1} = j  ~  alpha_l(z_l) P_l[z_l, j]
     """
-    L = gates.n_hops
-    prepared = prepare(gates, chunk, route)
+    L = factors.n_hops
+    prepared = prepare(factors, chunk, route)
     transitions = prepared.transitions
     alphas = forward_messages(transitions, prepared.init, L)
-    emission, _, ok = shifted_emission(gates, chunk)
+    emission, _, ok = shifted_emission(factors, chunk)
     floor = underflow_floor(emission.dtype)
     last = alphas[-1] * emission
     ok = ok & transitions.ok & (last.sum(-1) >= floor)
@@ -411,29 +411,29 @@ def _sample_chunk(gates: HopGates, chunk, route: str, num_samples: int, generato
     paths = torch.stack(path, dim=-1).transpose(0, 1)  # (s, c, L)
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        retries = dense_retries(gates, prepared, bad, budget, extra=3 * num_samples * chunk.context_len)
+        retries = dense_retries(factors, prepared, bad, budget, extra=3 * num_samples * chunk.context_len)
         for rows in retries:
-            paths[:, rows] = _sample_chunk(gates, chunk[rows], "dense", num_samples, generator, budget)
+            paths[:, rows] = _sample_chunk(factors, chunk[rows], "dense", num_samples, generator, budget)
         if not retries:
-            _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+            _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
             paths[:, bad] = chain_sample_posterior(chain, log_emission, num_samples, generator)
     return paths
 
 
-def sample_paths(gates: HopGates, obs, num_samples: int, generator=None, budget=None) -> torch.Tensor:
+def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, budget=None) -> torch.Tensor:
     """``(num_samples, n, L)`` hop paths drawn from the posterior given the target (forward filtering,
     backward sampling)."""
     check_positive_int("num_samples", num_samples)
-    out = torch.empty(num_samples, len(obs), gates.n_hops, dtype=torch.long, device=gates.log_emission.device)
-    route = choose_route(gates, obs.context_len)
+    out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
+    route = choose_route(factors, obs.context_len)
     with torch.no_grad():
-        for part, chunk in _chunks(gates, obs, route, budget, extra=3 * num_samples * obs.context_len):
-            out[:, part] = _sample_chunk(gates, chunk, route, num_samples, generator, budget)
+        for part, chunk in _chunks(factors, obs, route, budget, extra=3 * num_samples * obs.context_len):
+            out[:, part] = _sample_chunk(factors, chunk, route, num_samples, generator, budget)
     return out
 
 
 # -- entropy -------------------------------------------------------------------------------------------------------
-def path_entropy(gates: HopGates, obs, budget=None, given_target: bool = True) -> torch.Tensor:
+def path_entropy(factors: HopFactors, obs, budget=None, given_target: bool = True) -> torch.Tensor:
     """``(n,)`` exact entropy (nats) of the posterior over hop paths given the target; with
     ``given_target=False``, of the prior chain (the uncertainty before the target is seen).
 
@@ -441,20 +441,20 @@ def path_entropy(gates: HopGates, obs, budget=None, given_target: bool = True) -
 
         H(z_1..z_L | target) = H(z_L | target) + sum_{l<L} E_{z_{l+1} | target} H(z_l | z_{l+1})
     """
-    out = gates.log_emission.new_empty(len(obs))
+    out = factors.log_emission.new_empty(len(obs))
     N = obs.context_len
-    route = choose_route(gates, N, backward=True)
+    route = choose_route(factors, N, backward=True)
     with torch.no_grad():
-        for part, chunk in _chunks(gates, obs, route, budget, extra=2 * N * N if route == "positions" else 0.0):
+        for part, chunk in _chunks(factors, obs, route, budget, extra=2 * N * N if route == "positions" else 0.0):
             rows = torch.arange(part.start, part.stop, device=out.device)
-            for piece in posterior_chunk(gates, chunk, route, given_target=given_target, budget=budget):
+            for piece in posterior_chunk(factors, chunk, route, given_target=given_target, budget=budget):
                 if piece.route == "log":
-                    log_emission = _log_space_emission(gates.target_log_probs(piece.obs), given_target)
-                    out[rows[piece.rows]] = chain_entropy(gates.dense_chain(piece.obs), log_emission)
+                    log_emission = _log_space_emission(factors.target_log_probs(piece.obs), given_target)
+                    out[rows[piece.rows]] = chain_entropy(factors.dense_chain(piece.obs), log_emission)
                     continue
                 gamma = piece.hop_marginals
                 entropy = -torch.xlogy(gamma[-1], gamma[-1]).sum(-1)
-                for hop in range(gates.n_hops - 1):
+                for hop in range(factors.n_hops - 1):
                     entropy += piece.transitions.conditional_entropy(hop, piece.alphas[hop], piece.alphas[hop + 1],
                                                                      gamma[hop + 1])
                 out[rows[piece.rows]] = entropy

@@ -18,7 +18,7 @@ from typing import Iterator, List, Optional
 import torch
 
 from .budget import device_chunk, row_slices, rows_per_chunk
-from .hop_gates import HopGates
+from .hop_factors import HopFactors
 from .log_space import HopChain, chain_posterior
 from .recursion import backward_messages, forward_messages, underflow_floor
 from .routes import PreparedChunk, choose_route, dense_retries, prepare
@@ -32,7 +32,7 @@ class ChunkPosterior:
     log-space counterpart is :class:`~.log_space.LogChunkPosterior`, every row's posterior
     :class:`~.hop_posterior.HopPosterior`).
 
-    :ivar rows: LongTensor, the chunk's rows in the data. :ivar obs: the chunk (on the gates' device).
+    :ivar rows: LongTensor, the chunk's rows in the data. :ivar obs: the chunk (on the factors' device).
     :ivar log_likelihood: ``(c,)``.
     :ivar route: ``"symbols"``, ``"positions"``, ``"dense"`` (the retry of rows that underflow on either, on their
         dense factors) or ``"log"`` (the log-space recompute of rows that underflow there too).
@@ -82,9 +82,9 @@ class ChunkPosterior:
         return self.transitions.key_statistics(hop, self.alphas[hop], self.betas[hop + 1], scale)
 
 
-def shifted_emission(gates: HopGates, chunk):
+def shifted_emission(factors: HopFactors, chunk):
     """``(exp(log p(target | z_L = i) - shift) * real (c, N), shift (c,), ok (c,))``."""
-    log_emission = gates.target_log_probs(chunk)
+    log_emission = factors.target_log_probs(chunk)
     real = chunk.full_mask()
     shift = log_emission.masked_fill(~real, -math.inf).amax(-1)
     finite = torch.isfinite(shift)
@@ -93,18 +93,18 @@ def shifted_emission(gates: HopGates, chunk):
     return emission, shift, finite
 
 
-def rows_in_log_space(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor):
+def rows_in_log_space(factors: HopFactors, prepared: PreparedChunk, rows: torch.Tensor):
     """``(sub-chunk, its dense log factors, its (c', N) log emission)`` for the ``rows`` of a chunk that the
     probability-space route could not compute (the dense factors are reused when the route built them)."""
     sub = prepared.obs[rows]
     if prepared.chain is None:
-        chain = gates.dense_chain(sub)
+        chain = factors.dense_chain(sub)
     else:
         chain = HopChain(prepared.chain.init[rows], prepared.chain.trans[:, rows])
-    return sub, chain, gates.target_log_probs(sub)
+    return sub, chain, factors.target_log_probs(sub)
 
 
-def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, given_target: bool = True,
+def posterior_chunk(factors: HopFactors, chunk, route: str, pairwise: bool = False, given_target: bool = True,
                     budget=None) -> List[ChunkPosterior]:
     """Forward-backward of one chunk: a list of :class:`ChunkPosterior` covering its rows once (row indices
     relative to the chunk). The first holds the rows computed in probability space on ``route`` (with the whole
@@ -112,11 +112,11 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
     (:func:`~.routes.dense_retries`), and the rows that underflow on their dense factors too come last, in
     log space (route ``"log"``). With ``given_target=False`` the emission is 1 everywhere (the posterior is the
     prior chain)."""
-    L = gates.n_hops
-    prepared = prepare(gates, chunk, route)
+    L = factors.n_hops
+    prepared = prepare(factors, chunk, route)
     alphas = forward_messages(prepared.transitions, prepared.init, L)
     if given_target:
-        emission, shift, ok_emission = shifted_emission(gates, chunk)
+        emission, shift, ok_emission = shifted_emission(factors, chunk)
         ok = ok_emission
     else:
         emission = chunk.full_mask().to(prepared.init.dtype)
@@ -147,16 +147,16 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
         return [main]
     bad = (~ok).nonzero().squeeze(-1)
     pairwise_elements = (L - 1) * chunk.context_len**2 if pairwise else 0.0
-    retries = dense_retries(gates, prepared, bad, budget, extra=pairwise_elements)
+    retries = dense_retries(factors, prepared, bad, budget, extra=pairwise_elements)
     if retries:
         pieces = [main]
         for rows in retries:
-            for piece in posterior_chunk(gates, chunk[rows], "dense", pairwise, given_target, budget):
+            for piece in posterior_chunk(factors, chunk[rows], "dense", pairwise, given_target, budget):
                 # rows of this chunk; a retry's prepared sub-chunk is not the chunk's, and is not kept for later reads
                 piece.rows, piece.prepared, piece.emission = rows[piece.rows], None, None
                 pieces.append(piece)
         return pieces
-    sub, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+    sub, chain, log_emission = rows_in_log_space(factors, prepared, bad)
     if not given_target:
         log_emission = torch.zeros_like(log_emission)
     exact = chain_posterior(chain, log_emission)
@@ -165,7 +165,7 @@ def posterior_chunk(gates: HopGates, chunk, route: str, pairwise: bool = False, 
     return [main, fallback]
 
 
-def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = False, route=None,
+def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: bool = False, route=None,
                             rows: Optional[int] = None) -> Iterator[ChunkPosterior]:
     """Yield :class:`ChunkPosterior` objects covering every row of ``obs`` once (the E-step's source).
 
@@ -179,17 +179,17 @@ def forward_backward_chunks(gates: HopGates, obs, budget=None, pairwise: bool = 
     :param rows: rows per chunk (default: as many as the budget allows).
     """
     n, N = len(obs), obs.context_len
-    route = choose_route(gates, N, backward=True) if route is None else route
-    if route == "symbols" and gates.score_tables is None:
+    route = choose_route(factors, N, backward=True) if route is None else route
+    if route == "symbols" and factors.score_tables is None:
         raise ValueError("route 'symbols' needs gate score tables; this gate has position terms")
-    device = gates.log_emission.device
-    extra = (gates.n_hops - 1) * N * N if pairwise else 0.0
-    rows_per = rows_per_chunk(gates, N, route, budget, extra) if rows is None else rows
+    device = factors.log_emission.device
+    extra = (factors.n_hops - 1) * N * N if pairwise else 0.0
+    rows_per = rows_per_chunk(factors, N, route, budget, extra) if rows is None else rows
     with torch.no_grad():
         for part in row_slices(n, rows_per):
             chunk = device_chunk(obs, part, device)
             offset = torch.arange(part.start, part.stop, device=device)
-            for index, piece in enumerate(posterior_chunk(gates, chunk, route, pairwise, budget=budget)):
+            for index, piece in enumerate(posterior_chunk(factors, chunk, route, pairwise, budget=budget)):
                 piece.rows = offset[piece.rows]
                 if index == 0:
                     piece.part = part

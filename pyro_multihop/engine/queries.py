@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .budget import device_chunk, resolve_budget, row_slices, rows_per_chunk
-from .hop_gates import HopGates, first_hop_log_probs
+from .hop_factors import HopFactors, first_hop_log_probs
 from .log_space import chain_log_likelihood
 from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
 from .recursion import forward_messages, underflow_floor
@@ -26,28 +26,28 @@ __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_margin
 CLOSED_FORM_MIN_SYMBOLS = 256
 
 
-def _log_likelihood_chunk(gates: HopGates, chunk, route: str, budget=None) -> torch.Tensor:
+def _log_likelihood_chunk(factors: HopFactors, chunk, route: str, budget=None) -> torch.Tensor:
     """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows retried on the dense route
     (:func:`~.routes.dense_retries`), then recomputed in log space. On the
     symbol route with gradients, the total's gradient comes from the forward-backward messages
     (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
     directly, else from the score tables' transition weights."""
-    closed_form = (route == "symbols" and torch.is_grad_enabled() and gates.n_hops > 1
-                   and gates.num_symbols >= CLOSED_FORM_MIN_SYMBOLS)
-    if closed_form and takes_key_tables(gates):
-        emission, shift, ok = shifted_emission(gates, chunk)
-        total, transitions_ok = key_table_symbol_route_total(gates, chunk, emission)
+    closed_form = (route == "symbols" and torch.is_grad_enabled() and factors.n_hops > 1
+                   and factors.num_symbols >= CLOSED_FORM_MIN_SYMBOLS)
+    if closed_form and takes_key_tables(factors):
+        emission, shift, ok = shifted_emission(factors, chunk)
+        total, transitions_ok = key_table_symbol_route_total(factors, chunk, emission)
         prepared = PreparedChunk(chunk, None, None, None)
     elif closed_form:
-        weights = gates.transition_weights  # first: the first hop then reads the whole tables
-        init = first_hop_log_probs(gates.score_tables, chunk).exp()
-        emission, shift, ok = shifted_emission(gates, chunk)
-        total, transitions_ok = symbol_route_total(gates, chunk, init, emission, weights)
+        weights = factors.transition_weights  # first: the first hop then reads the whole tables
+        init = first_hop_log_probs(factors.score_tables, chunk).exp()
+        emission, shift, ok = shifted_emission(factors, chunk)
+        total, transitions_ok = symbol_route_total(factors, chunk, init, emission, weights)
         prepared = PreparedChunk(chunk, init, None, None)
     else:
-        prepared = prepare(gates, chunk, route)
-        alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]
-        emission, shift, ok = shifted_emission(gates, chunk)
+        prepared = prepare(factors, chunk, route)
+        alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]
+        emission, shift, ok = shifted_emission(factors, chunk)
         total, transitions_ok = (alpha * emission).sum(-1), prepared.transitions.ok
     floor = underflow_floor(total.dtype)
     ok = ok & transitions_ok & (total >= floor)
@@ -55,50 +55,50 @@ def _log_likelihood_chunk(gates: HopGates, chunk, route: str, budget=None) -> to
     if ok.all():
         return result
     bad = (~ok).nonzero().squeeze(-1)
-    retries = dense_retries(gates, prepared, bad, budget)
+    retries = dense_retries(factors, prepared, bad, budget)
     if retries:
-        retried = [_log_likelihood_chunk(gates, chunk[rows], "dense", budget) for rows in retries]
+        retried = [_log_likelihood_chunk(factors, chunk[rows], "dense", budget) for rows in retries]
         return result.index_put((bad,), torch.cat(retried))
-    _, chain, log_emission = rows_in_log_space(gates, prepared, bad)
+    _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
     return result.index_put((bad,), chain_log_likelihood(chain, log_emission))
 
 
-def log_likelihood(gates: HopGates, obs, budget=None) -> torch.Tensor:
-    """``(n,)`` exact ``log p(target | context, query)``; differentiable in the gates when grad is enabled
+def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
+    """``(n,)`` exact ``log p(target | context, query)``; differentiable in the factors when grad is enabled
     (the autograd graph then holds every chunk's messages: ``O(n (L S + N))`` for the symbol route)."""
     n, N = len(obs), obs.context_len
-    route = choose_route(gates, N)
-    device = gates.log_emission.device
-    rows = rows_per_chunk(gates, N, route, budget)
+    route = choose_route(factors, N)
+    device = factors.log_emission.device
+    rows = rows_per_chunk(factors, N, route, budget)
     # Concatenated, not written into a preallocated output, so that the result keeps every chunk's graph
-    # whenever any input of the gates requires grad.
+    # whenever any input of the factors requires grad.
     parts = row_slices(n, rows) if n else [slice(0, 0)]  # an empty shard still gives a (0,) result
-    return torch.cat([_log_likelihood_chunk(gates, device_chunk(obs, part, device), route, budget) for part in parts])
+    return torch.cat([_log_likelihood_chunk(factors, device_chunk(obs, part, device), route, budget) for part in parts])
 
 
-def predict_proba(gates: HopGates, obs, budget=None) -> torch.Tensor:
+def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(n, T)`` predictive target distribution, the hop latents marginalised (targets of ``obs`` unused)."""
     n, N = len(obs), obs.context_len
-    S, T = gates.log_emission.shape
-    route = choose_route(gates, N)
-    device = gates.log_emission.device
-    emission = gates.log_emission.exp()
+    S, T = factors.log_emission.shape
+    route = choose_route(factors, N)
+    device = factors.log_emission.device
+    emission = factors.log_emission.exp()
     # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
-    by_symbol = S <= 4 * N and gates.position_emission is None
-    rows = rows_per_chunk(gates, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
+    by_symbol = S <= 4 * N and factors.position_emission is None
+    rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
     out = emission.new_empty(n, T)
     for part in row_slices(n, rows):
-        out[part] = _predict_chunk(gates, device_chunk(obs, part, device), route, emission, by_symbol, budget)
+        out[part] = _predict_chunk(factors, device_chunk(obs, part, device), route, emission, by_symbol, budget)
     return out
 
 
-def _predict_chunk(gates: HopGates, chunk, route: str, emission: torch.Tensor, by_symbol: bool, budget=None):
+def _predict_chunk(factors: HopFactors, chunk, route: str, emission: torch.Tensor, by_symbol: bool, budget=None):
     """``(c, T)``: :func:`predict_proba` of one chunk; rows whose transitions underflow retried on the dense route
     (:func:`~.routes.dense_retries`), whose transitions never do."""
-    prepared = prepare(gates, chunk, route)
-    alpha = forward_messages(prepared.transitions, prepared.init, gates.n_hops)[-1]  # (c, N) p(z_L = i)
-    if gates.position_emission is not None:
-        out = torch.bmm(alpha.unsqueeze(-2), gates.position_emission(chunk).exp()).squeeze(-2)
+    prepared = prepare(factors, chunk, route)
+    alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]  # (c, N) p(z_L = i)
+    if factors.position_emission is not None:
+        out = torch.bmm(alpha.unsqueeze(-2), factors.position_emission(chunk).exp()).squeeze(-2)
     elif by_symbol:
         out = alpha.new_zeros(len(chunk), emission.shape[0]).scatter_add_(1, chunk.values, alpha) @ emission
     else:
@@ -106,12 +106,12 @@ def _predict_chunk(gates: HopGates, chunk, route: str, emission: torch.Tensor, b
     ok = prepared.transitions.ok
     if not ok.all():
         bad = (~ok).nonzero().squeeze(-1)
-        for rows in dense_retries(gates, prepared, bad, budget):
-            out[rows] = _predict_chunk(gates, chunk[rows], "dense", emission, by_symbol, budget)
+        for rows in dense_retries(factors, prepared, bad, budget):
+            out[rows] = _predict_chunk(factors, chunk[rows], "dense", emission, by_symbol, budget)
     return out
 
 
-def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = False, keep: Optional[list] = None,
+def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = False, keep: Optional[list] = None,
                         kept_bytes_per_row: float = 0.0):
     """``(log_likelihood (n,), hop_marginals (L, n, N), pairwise (L - 1, n, N, N) or None)`` in one
     forward-backward pass; the pairwise marginals (``O(L n N^2)`` memory) only with ``pairwise=True``. With a
@@ -119,11 +119,11 @@ def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = Fals
     queries that reuse them), the first chunks only, while their rows at ``kept_bytes_per_row`` fit in the
     memory budget."""
     kept_rows, limit = 0, resolve_budget(budget)
-    L, n, N = gates.n_hops, len(obs), obs.context_len
-    log_likelihood_out = gates.log_emission.new_empty(n)
-    marginals = gates.log_emission.new_empty(L, n, N)
-    pairs = gates.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
-    for part in forward_backward_chunks(gates, obs, budget, pairwise=pairwise and L > 1):
+    L, n, N = factors.n_hops, len(obs), obs.context_len
+    log_likelihood_out = factors.log_emission.new_empty(n)
+    marginals = factors.log_emission.new_empty(L, n, N)
+    pairs = factors.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
+    for part in forward_backward_chunks(factors, obs, budget, pairwise=pairwise and L > 1):
         log_likelihood_out[part.rows] = part.log_likelihood
         marginals[:, part.rows] = part.hop_marginals
         if keep is not None and part.prepared is not None and kept_rows == (part.part.start or 0):
@@ -136,21 +136,21 @@ def posterior_marginals(gates: HopGates, obs, budget=None, pairwise: bool = Fals
     return log_likelihood_out, marginals, pairs
 
 
-def hop_marginals(gates: HopGates, obs, budget=None) -> torch.Tensor:
+def hop_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
-    return posterior_marginals(gates, obs, budget)[1]
+    return posterior_marginals(factors, obs, budget)[1]
 
 
-def pairwise_marginals(gates: HopGates, obs, budget=None) -> torch.Tensor:
+def pairwise_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(L - 1, n, N, N)`` posterior ``p(z_l = i, z_{l+1} = j | observation)``: ``O(L n N^2)`` memory."""
-    return posterior_marginals(gates, obs, budget, pairwise=True)[2]
+    return posterior_marginals(factors, obs, budget, pairwise=True)[2]
 
 
-def value_marginals(gates: HopGates, obs, budget=None) -> torch.Tensor:
+def value_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(L, n, S)``: the posterior probability that hop ``l`` attends a position whose value is ``s``."""
-    L, n, S = gates.n_hops, len(obs), gates.log_emission.shape[0]
-    out = gates.log_emission.new_zeros(L, n, S)
-    for part in forward_backward_chunks(gates, obs, budget):
+    L, n, S = factors.n_hops, len(obs), factors.log_emission.shape[0]
+    out = factors.log_emission.new_zeros(L, n, S)
+    for part in forward_backward_chunks(factors, obs, budget):
         values = part.obs.values.unsqueeze(0).expand(L, -1, -1)
         out[:, part.rows] = part.hop_marginals.new_zeros(L, len(part.obs), S).scatter_add_(2, values, part.hop_marginals)
     return out

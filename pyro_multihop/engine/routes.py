@@ -18,7 +18,7 @@ import torch
 
 from ..gate_ops import SHORT_ROW, exp
 from .budget import row_slices, rows_per_chunk
-from .hop_gates import HopGates, chain_from_scores, first_hop_log_probs
+from .hop_factors import HopFactors, chain_from_scores, first_hop_log_probs
 from .log_space import MASKED_LOGIT, HopChain, masked_log_softmax
 from .transitions import PositionTransitions, SymbolTransitions, Transitions
 
@@ -44,14 +44,14 @@ ROUTES = ("symbols", "positions")
 SYMBOL_ROUTE_RATIO = 16.0
 
 
-def choose_route(gates: HopGates, context_len: int, backward: bool = False, max_product: bool = False) -> str:
+def choose_route(factors: HopFactors, context_len: int, backward: bool = False, max_product: bool = False) -> str:
     """``"symbols"`` or ``"positions"`` for rows of ``context_len`` positions, for a forward pass, a
     forward-backward pass (``backward``), or a max-product pass (``max_product``: the MAP and k best paths, whose
     symbol route takes an ``(S, S)`` max a hop against the position route's ``(N, N)``, so it pays while
     ``S <= N``); see :data:`SYMBOL_ROUTE_RATIO`."""
-    if gates.score_tables is None:
+    if factors.score_tables is None:
         return "positions"
-    S = gates.score_tables.num_symbols
+    S = factors.score_tables.num_symbols
     ratio = SYMBOL_ROUTE_RATIO * (4 if backward else 1) / (16 if max_product else 1)
     return "symbols" if S * S <= ratio * context_len * context_len else "positions"
 
@@ -66,38 +66,38 @@ class PreparedChunk(NamedTuple):
     normalised: bool = False  # transitions normalised over each row's own positions (the dense route): no retry
 
 
-def prepare(gates: HopGates, chunk, route: str) -> PreparedChunk:
+def prepare(factors: HopFactors, chunk, route: str) -> PreparedChunk:
     """The first-hop distribution and the transitions of ``chunk`` on ``route``: ``"symbols"``, ``"positions"``,
     or ``"dense"``, the position route on each row's own logits, every transition normalised over the row's
     positions by a softmax (the retry of rows that underflow on the other two, see :func:`dense_retries`; a
     gate without score tables exponentiates its dense log factors).
 
     On the position route with score tables, a chunk whose ``c N^2`` pairs are fewer than the ``S^2`` entries
-    of a table gathers its logits before exponentiating them (:func:`~.hop_gates.chain_from_scores`), rather
+    of a table gathers its logits before exponentiating them (:func:`~.hop_factors.chain_from_scores`), rather
     than exponentiating, and differentiating through, the whole ``(L - 1, S, S)`` table.
     """
     if route == "symbols":
-        transitions = SymbolTransitions.build(gates, chunk)  # first: the first hop then reads the whole tables
-        return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
-    if route == "dense" and gates.score_tables is not None:
+        transitions = SymbolTransitions.build(factors, chunk)  # first: the first hop then reads the whole tables
+        return PreparedChunk(chunk, first_hop_log_probs(factors.score_tables, chunk).exp(), transitions, None)
+    if route == "dense" and factors.score_tables is not None:
         # softmax, not log_softmax then exp: one pass, and torch's softmax has no slow path where entries underflow
-        first, later = gates.score_tables.chain_logits(chunk)
+        first, later = factors.score_tables.chain_logits(chunk)
         pair_mask = None if chunk.mask is None else chunk.mask.unsqueeze(-2)
         weights = list(_masked_softmax(later, pair_mask).unbind(0))
         ok = torch.ones(len(chunk), dtype=torch.bool, device=first.device)
-        transitions = PositionTransitions(weights, None, ok, chunk.keys, chunk.values, gates.num_symbols)
+        transitions = PositionTransitions(weights, None, ok, chunk.keys, chunk.values, factors.num_symbols)
         return PreparedChunk(chunk, _masked_softmax(first, chunk.mask), transitions, None, normalised=True)
     if route == "dense":
-        chain = gates.dense_chain(chunk)
-    elif gates.score_tables is not None:
-        S, N = gates.score_tables.num_symbols, chunk.context_len
-        if gates.n_hops == 1 or len(chunk) * N * N >= S * S:
-            transitions = PositionTransitions.from_scores(gates, chunk)
-            return PreparedChunk(chunk, first_hop_log_probs(gates.score_tables, chunk).exp(), transitions, None)
-        chain = chain_from_scores(gates.score_tables, chunk)
+        chain = factors.dense_chain(chunk)
+    elif factors.score_tables is not None:
+        S, N = factors.score_tables.num_symbols, chunk.context_len
+        if factors.n_hops == 1 or len(chunk) * N * N >= S * S:
+            transitions = PositionTransitions.from_scores(factors, chunk)
+            return PreparedChunk(chunk, first_hop_log_probs(factors.score_tables, chunk).exp(), transitions, None)
+        chain = chain_from_scores(factors.score_tables, chunk)
     else:
-        chain = gates.dense_chain(chunk)
-    transitions = PositionTransitions.from_chain(chain, chunk, gates.num_symbols)
+        chain = factors.dense_chain(chunk)
+    transitions = PositionTransitions.from_chain(chain, chunk, factors.num_symbols)
     return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
 
 
@@ -110,7 +110,7 @@ def _masked_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch
     return (logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)).softmax(-1)
 
 
-def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
+def dense_retries(factors: HopFactors, prepared: PreparedChunk, rows: torch.Tensor, budget=None,
                   extra: float = 0.0) -> list:
     """Slices (LongTensors of chunk rows) of a chunk's failing ``rows`` for a retry on the ``"dense"`` route, in
     sub-chunks whose dense factors (and ``extra`` elements a row) fit in the memory budget and, on the CPU, hold at
@@ -129,7 +129,7 @@ def dense_retries(gates: HopGates, prepared: PreparedChunk, rows: torch.Tensor, 
     if prepared.chain is not None or prepared.normalised or len(rows) == 0:
         return []
     N = prepared.obs.context_len
-    per = rows_per_chunk(gates, N, "positions", budget, extra)
+    per = rows_per_chunk(factors, N, "positions", budget, extra)
     if rows.device.type == "cpu":  # the cap is for glibc's page faults; CUDA's caching allocator has none
         per = min(per, max(1, DENSE_RETRY_ELEMENTS // (N * N)))
     return [rows[part] for part in row_slices(len(rows), per)]

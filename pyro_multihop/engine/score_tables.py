@@ -4,11 +4,11 @@ as a query reads them.
 ``scores[l, q, k]`` ``(L, S, S)`` is the unnormalised logit of hop ``l + 1`` when its query symbol ``q`` meets key
 symbol ``k``. The engine reads it three ways: gathered at a chunk's ``(query, key)`` pairs (the first hop, the
 dense chain of a small chunk), exponentiated whole as the transition weights of the later hops (the symbol route,
-the position route of a large chunk), and, rarely, whole (batched gates, a user's own code). With ``S`` in the
+the position route of a large chunk), and, rarely, whole (batched factors, a user's own code). With ``S`` in the
 thousands and a batch of ``n N^2 << S^2`` pairs, forming the whole table is most of the work of a query, and of
 its backward; :class:`KeyTableScores` gathers straight from the chained head's key tables instead.
 
-- :class:`DenseScoreTables`: a given ``(*batch, L, S, S)`` tensor (the tied head's table, batched gates).
+- :class:`DenseScoreTables`: a given ``(*batch, L, S, S)`` tensor (the tied head's table, batched factors).
 - :class:`KeyTableScores`: ``scores[l, q, k] = (K[l, k, q] - ||K[l, k]||^2 / 2) / sigma2`` from the key tables
   ``K (L, S, S)`` of :class:`~pyro_multihop.models.ChainedAttention`: a gather is ``O(1)`` an entry after one
   ``(L, S)`` pass for the norms, the transition weights are formed in the key tables' own (key, query) layout

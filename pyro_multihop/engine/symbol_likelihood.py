@@ -43,10 +43,10 @@ class _SymbolRouteTotal(torch.autograd.Function):
     ``emission (c, N)`` and the transition weights ``E_l (S, S)``; see the module docstring for the backward."""
 
     @staticmethod
-    def forward(ctx, gates, chunk, init, emission, *weights):
+    def forward(ctx, factors, chunk, init, emission, *weights):
         with torch.no_grad():
-            transitions = SymbolTransitions.build(gates, chunk, [w.detach() for w in weights])
-            alphas = forward_messages(transitions, init.detach(), gates.n_hops)
+            transitions = SymbolTransitions.build(factors, chunk, [w.detach() for w in weights])
+            alphas = forward_messages(transitions, init.detach(), factors.n_hops)
             total = (alphas[-1] * emission.detach()).sum(-1)
         ctx.transitions, ctx.alphas = transitions, alphas
         ctx.save_for_backward(emission, *weights)
@@ -112,8 +112,8 @@ class _KeyTableSymbolRouteTotal(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, gates, chunk, key_tables, emission):
-        sigma2 = gates.score_tables.sigma2
+    def forward(ctx, factors, chunk, key_tables, emission):
+        sigma2 = factors.score_tables.sigma2
         with torch.no_grad():
             tables = key_tables.detach()
             weights = [transition_weights_by_key(table, sigma2) for table in tables[1:].unbind(0)]  # (S_k, S_q)
@@ -122,8 +122,8 @@ class _KeyTableSymbolRouteTotal(torch.autograd.Function):
             first_index = chunk.keys * S + chunk.query.unsqueeze(-1)  # (c, N) into K[0] viewed flat
             logits = (tables[0].reshape(-1)[first_index] - half_norms[chunk.keys]) / sigma2
             init = masked_log_softmax(logits, chunk.mask).exp()
-            transitions = SymbolTransitions.build(gates, chunk, [w.transpose(0, 1) for w in weights])
-            alphas = forward_messages(transitions, init, gates.n_hops)
+            transitions = SymbolTransitions.build(factors, chunk, [w.transpose(0, 1) for w in weights])
+            alphas = forward_messages(transitions, init, factors.n_hops)
             total = (alphas[-1] * emission.detach()).sum(-1)
         ctx.transitions, ctx.alphas, ctx.sigma2 = transitions, alphas, sigma2
         ctx.first_index, ctx.keys, ctx.init, ctx.weights = first_index, chunk.keys, init, weights
@@ -157,21 +157,22 @@ class _KeyTableSymbolRouteTotal(torch.autograd.Function):
         return None, None, grad_tables, ctx.alphas[-1] * grad
 
 
-def symbol_route_total(gates, chunk, init: torch.Tensor, emission: torch.Tensor, weights: List[torch.Tensor]):
+def symbol_route_total(factors, chunk, init: torch.Tensor, emission: torch.Tensor, weights: List[torch.Tensor]):
     """``(total (c,), ok (c,), transitions)``: the shifted likelihood ``sum_i alpha_L[i] emission[i]`` of a chunk
     on the symbol route, differentiable in ``init``, ``emission`` and ``weights`` through the closed form of
     :mod:`this module <.symbol_likelihood>`; ``ok`` flags the rows whose transitions are representable."""
-    total, ok = _SymbolRouteTotal.apply(gates, chunk, init, emission, *weights)
+    total, ok = _SymbolRouteTotal.apply(factors, chunk, init, emission, *weights)
     return total, ok
 
 
-def takes_key_tables(gates) -> bool:
-    """Whether :func:`key_table_symbol_route_total` applies: the gates read a chained head's key tables."""
-    return isinstance(gates.score_tables, KeyTableScores) and gates.n_hops > 1
+def takes_key_tables(factors) -> bool:
+    """Whether :func:`key_table_symbol_route_total` applies: the factors' score tables are a chained head's key
+    tables."""
+    return isinstance(factors.score_tables, KeyTableScores) and factors.n_hops > 1
 
 
-def key_table_symbol_route_total(gates, chunk, emission: torch.Tensor):
-    """As :func:`symbol_route_total` for gates whose score tables are a chained head's key tables
+def key_table_symbol_route_total(factors, chunk, emission: torch.Tensor):
+    """As :func:`symbol_route_total` for factors whose score tables are a chained head's key tables
     (:func:`takes_key_tables`), differentiable in the key tables (the first hop and the transition weights formed
     inside, :class:`_KeyTableSymbolRouteTotal`) and in ``emission``: ``(total (c,), ok (c,))``."""
-    return _KeyTableSymbolRouteTotal.apply(gates, chunk, gates.score_tables.key_tables, emission)
+    return _KeyTableSymbolRouteTotal.apply(factors, chunk, factors.score_tables.key_tables, emission)

@@ -24,7 +24,7 @@ from typing import List, Optional
 import torch
 
 from ..gate_ops import exp, flat_gather, small_flat_index
-from .hop_gates import HopGates
+from .hop_factors import HopFactors
 from .log_space import HopChain
 from .moved_names import deprecated_aliases
 from .recursion import underflow_floor
@@ -186,11 +186,11 @@ class SymbolTransitions(Transitions):
         self._flat_index = {}
 
     @classmethod
-    def build(cls, gates: HopGates, chunk, weights: Optional[List[torch.Tensor]] = None) -> "SymbolTransitions":
-        """The transitions of ``chunk`` from ``gates.transition_weights`` (or the given ``weights``, the same
+    def build(cls, factors: HopFactors, chunk, weights: Optional[List[torch.Tensor]] = None) -> "SymbolTransitions":
+        """The transitions of ``chunk`` from ``factors.transition_weights`` (or the given ``weights``, the same
         tables detached, say)."""
-        weights = gates.transition_weights if weights is None else weights
-        S, dtype = gates.score_tables.num_symbols, gates.score_tables.dtype
+        weights = factors.transition_weights if weights is None else weights
+        S, dtype = factors.score_tables.num_symbols, factors.score_tables.dtype
         keys, values = chunk.keys, chunk.values
         real = chunk.full_mask().to(dtype)
         key_counts = _by_symbol(keys, real, S)  # real positions carrying each key
@@ -386,15 +386,15 @@ class PositionTransitions(Transitions):
         return cls(list(exp(chain.trans).unbind(0)), None, ok, keys, values, num_symbols)
 
     @classmethod
-    def from_scores(cls, gates: HopGates, chunk) -> "PositionTransitions":
-        S, dtype = gates.score_tables.num_symbols, gates.score_tables.dtype
+    def from_scores(cls, factors: HopFactors, chunk) -> "PositionTransitions":
+        S, dtype = factors.score_tables.num_symbols, factors.score_tables.dtype
         floor = underflow_floor(dtype)
         full = chunk.full_mask()
         real = None if chunk.mask is None else chunk.mask.to(dtype).unsqueeze(-2)
         ok = torch.ones(len(chunk), dtype=torch.bool, device=full.device)
         weights, normalisers = [], []
         indices = {}
-        for table in gates.transition_weights:
+        for table in factors.transition_weights:
             weight = _pair_weights(table, chunk.values, chunk.keys, indices)  # (c, N, N): W[i, j] = E[value_i, key_j]
             weight = weight if real is None else weight * real
             normaliser = weight.sum(-1)  # R[c, i]

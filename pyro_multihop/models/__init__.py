@@ -1,9 +1,16 @@
 """Multi-hop attention heads: the exact chained head and the tied-embedding variant."""
 
+from ..engine.moved_names import deprecated_aliases
 from .base import HopAttentionHead
 from .chained import ChainedAttention, onehot_gate_logits
 from .facts import FactAttention, fact_chain_truth
-from .tied import TiedEmbeddingAttention, embedding_gate_logits, embedding_hop_gates, embedding_score_tables, squared_distances
+from .tied import (
+    TiedEmbeddingAttention,
+    embedding_gate_logits,
+    embedding_hop_factors,
+    embedding_score_tables,
+    squared_distances,
+)
 
 __all__ = [
     "HopAttentionHead",
@@ -14,6 +21,9 @@ __all__ = [
     "TiedEmbeddingAttention",
     "embedding_gate_logits",
     "embedding_score_tables",
-    "embedding_hop_gates",
+    "embedding_hop_factors",
     "squared_distances",
 ]
+
+# Renamed with HopGates -> HopFactors; the old name is kept for one release.
+__getattr__ = deprecated_aliases(__name__, {"embedding_hop_gates": (f"{__name__}.tied", "embedding_hop_factors")})

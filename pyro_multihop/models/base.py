@@ -15,6 +15,7 @@ and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, Optional
 
 import pyro
@@ -146,11 +147,19 @@ class HopAttentionHead(PyroModule):
         """:meth:`gate_score_tables` as the engine reads them (lazily; by default the whole table, wrapped)."""
         return engine.as_score_tables(self.gate_score_tables())
 
-    def hop_gates(self) -> engine.HopGates:
-        """The gate and emission as the inference engine (:mod:`pyro_multihop.engine`) takes them."""
+    def hop_factors(self) -> engine.HopFactors:
+        """The factors of the hop chain, every hop's gate and the emission, as the inference engine
+        (:mod:`pyro_multihop.engine`) takes them."""
         tables = self.score_tables()
         dense_chain = self.hop_chain if tables is None else functools.partial(engine.chain_from_scores, tables)
-        return engine.HopGates(self.log_emission, dense_chain, self.n_hops, tables)
+        return engine.HopFactors(self.log_emission, dense_chain, self.n_hops, tables)
+
+    def hop_gates(self, *args, **kwargs) -> engine.HopFactors:
+        """Deprecated: renamed :meth:`hop_factors` (the factors carry the emission as well as the gates); kept for
+        one release."""
+        warnings.warn(f"{type(self).__name__}.hop_gates() is deprecated; use hop_factors()", DeprecationWarning,
+                      stacklevel=2)
+        return self.hop_factors(*args, **kwargs)
 
     def config(self) -> dict:  # pragma: no cover - abstract
         """JSON-serialisable constructor arguments that rebuild this head (parameters come from its state_dict)."""
@@ -184,7 +193,7 @@ class HopAttentionHead(PyroModule):
             :func:`pyro_multihop.engine.get_memory_budget`).
         """
         self.check_observations(obs)
-        return engine.log_likelihood(self.hop_gates(), obs, budget)
+        return engine.log_likelihood(self.hop_factors(), obs, budget)
 
     def predict_proba(self, keys, values=None, query=None, mask=None, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(n, T)`` predictive target distribution, the hop latents marginalised.
@@ -192,7 +201,7 @@ class HopAttentionHead(PyroModule):
         Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
         """
         obs = self._context(keys, values, query, mask)
-        return engine.predict_proba(self.hop_gates(), obs, budget)
+        return engine.predict_proba(self.hop_factors(), obs, budget)
 
     @torch.no_grad()
     def posterior(self, obs: Observations, *, pairwise: bool = False, budget: Optional[int] = None) -> engine.HopPosterior:
@@ -201,32 +210,32 @@ class HopAttentionHead(PyroModule):
         ``pairwise=True`` (otherwise None: they take ``O(n N^2)`` memory); the MAP paths, the entropy and the
         k best paths are computed when first read, and kept."""
         self.check_observations(obs)
-        return engine.HopPosterior(self.hop_gates(), obs, budget, pairwise=pairwise)
+        return engine.HopPosterior(self.hop_factors(), obs, budget, pairwise=pairwise)
 
     @torch.no_grad()
     def hop_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
         self.check_observations(obs)
-        return engine.hop_marginals(self.hop_gates(), obs, budget)
+        return engine.hop_marginals(self.hop_factors(), obs, budget)
 
     @torch.no_grad()
     def pairwise_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(L - 1, n, N, N)`` posterior ``p(z_l = i, z_{l+1} = j | observation)``."""
         self.check_observations(obs)
-        return engine.pairwise_marginals(self.hop_gates(), obs, budget)
+        return engine.pairwise_marginals(self.hop_factors(), obs, budget)
 
     @torch.no_grad()
     def value_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(L, n, S)`` posterior probability that hop ``l`` attends a position whose value symbol is ``s``."""
         self.check_observations(obs)
-        return engine.value_marginals(self.hop_gates(), obs, budget)
+        return engine.value_marginals(self.hop_factors(), obs, budget)
 
     @torch.no_grad()
     def map_paths(self, obs: Observations, *, given_target: bool = True, budget: Optional[int] = None) -> torch.Tensor:
         """``(n, L)`` LongTensor, the most probable hop path given the observation (Viterbi; ties to the lowest
         index). ``given_target=False``: the most probable path of the prior chain, ignoring the targets."""
         self.check_observations(obs)
-        return engine.map_paths(self.hop_gates(), obs, budget, given_target=given_target)
+        return engine.map_paths(self.hop_factors(), obs, budget, given_target=given_target)
 
     @torch.no_grad()
     def sample_paths(self, obs: Observations, num_samples: int, seed: Optional[int] = None, *,
@@ -235,20 +244,20 @@ class HopAttentionHead(PyroModule):
         filtering, backward sampling). ``seed``: seed of a private generator (None: a random seed)."""
         check_positive_int("num_samples", num_samples)
         self.check_observations(obs)
-        gates = self.hop_gates()
-        generator = torch.Generator(device=gates.log_emission.device)
+        factors = self.hop_factors()
+        generator = torch.Generator(device=factors.log_emission.device)
         if seed is None:
             generator.seed()
         else:
             generator.manual_seed(int(seed))
-        return engine.sample_paths(gates, obs, num_samples, generator, budget)
+        return engine.sample_paths(factors, obs, num_samples, generator, budget)
 
     @torch.no_grad()
     def path_entropy(self, obs: Observations, *, given_target: bool = True, budget: Optional[int] = None) -> torch.Tensor:
         """``(n,)`` exact entropy, in nats, of the posterior over hop paths given the target
         (``given_target=False``: of the prior over paths, before the target is seen)."""
         self.check_observations(obs)
-        return engine.path_entropy(self.hop_gates(), obs, budget, given_target=given_target)
+        return engine.path_entropy(self.hop_factors(), obs, budget, given_target=given_target)
 
     @torch.no_grad()
     def k_best_paths(self, obs: Observations, k: int, *, given_target: bool = True, budget: Optional[int] = None):
@@ -257,7 +266,7 @@ class HopAttentionHead(PyroModule):
         have log-probability ``-inf``. ``given_target=False``: those of the prior chain, ignoring the targets."""
         check_positive_int("k", k)
         self.check_observations(obs)
-        return engine.k_best_paths(self.hop_gates(), obs, k, budget, given_target=given_target)
+        return engine.k_best_paths(self.hop_factors(), obs, k, budget, given_target=given_target)
 
     @torch.no_grad()
     def evaluate(self, obs: Observations, *, budget: Optional[int] = None) -> dict:
@@ -283,7 +292,7 @@ class HopAttentionHead(PyroModule):
         last attended value.
         """
         generator, context = self._random_context(n, context_len, seed)
-        return self._sample_targets(context, self.hop_gates(), generator)
+        return self._sample_targets(context, self.hop_factors(), generator)
 
     def _random_context(self, n: int, context_len: int, seed: Optional[int]):
         """A seeded generator and ``n`` uniform random contexts and queries (targets still 0)."""
@@ -299,12 +308,13 @@ class HopAttentionHead(PyroModule):
         query = torch.randint(self.num_symbols, (n,), generator=generator)
         return generator, Observations(keys, values, query, torch.zeros(n, dtype=torch.long))
 
-    def _sample_targets(self, context: Observations, gates: engine.HopGates, generator: torch.Generator) -> Observations:
-        """Draw hop paths through the prior chain of ``gates`` (in chunks) and targets from the emission row of
+    def _sample_targets(self, context: Observations, factors: engine.HopFactors,
+                        generator: torch.Generator) -> Observations:
+        """Draw hop paths through the prior chain of ``factors`` (in chunks) and targets from the emission row of
         the last attended value."""
-        emission = gates.log_emission.exp().float().cpu()
+        emission = factors.log_emission.exp().float().cpu()
         target = torch.empty(len(context), dtype=torch.long)
-        for rows, chunk, chain, _ in engine.dense_chunks(gates, context, None):
+        for rows, chunk, chain, _ in engine.dense_chunks(factors, context, None):
             paths = chain_sample_paths(HopChain(chain.init.cpu(), chain.trans.cpu()), generator)
             last_values = chunk.values.cpu().gather(1, paths[:, -1:]).squeeze(1)
             target[rows] = torch.multinomial(emission[last_values], 1, generator=generator).squeeze(1)

@@ -303,10 +303,10 @@ class ChainedAttention(HopAttentionHead):
         ``Trace_ELBO``, or ``fit_svi(..., collapsed=True)``); the empty :meth:`guide` serves both.
         """
         self.check_observations(obs)
-        gates = self.hop_gates()
+        factors = self.hop_factors()
         with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
-            pyro.sample("target", CollapsedHopChain(gates, batch), obs=batch.target)
+            pyro.sample("target", CollapsedHopChain(factors, batch), obs=batch.target)
 
     @pyro_method
     def guide(self, obs: Observations, subsample_size: Optional[int] = None) -> None:

@@ -60,7 +60,7 @@ from pyro.nn import pyro_method
 from pyro.ops.indexing import Vindex
 
 from .. import engine
-from ..checks import check_number
+from ..checks import check_number, renamed_keyword
 from ..distributions import CollapsedHopChain, GateCategorical
 from ..data import FactObservations, fact_chain_vocabulary
 from ..gate_ops import flat_gather, log_normalize, table_gather
@@ -465,10 +465,10 @@ class FactAttention(HopAttentionHead):
     @property
     def log_emission(self) -> torch.Tensor:
         """``(S, S)`` the first field's emission table (log-softmax), the engine's ``log_emission``: its shape,
-        dtype and device; targets come from :meth:`emission_log_probs` (``HopGates.position_emission``)."""
+        dtype and device; targets come from :meth:`emission_log_probs` (``HopFactors.position_emission``)."""
         return self.emission_tables[0].log_softmax(-1)
 
-    def hop_gates(self) -> engine.HopGates:
+    def hop_factors(self) -> engine.HopFactors:
         """The dense factors and the per-fact emission as the engine takes them."""
         F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
 
@@ -477,14 +477,14 @@ class FactAttention(HopAttentionHead):
             # hop, the emission's logaddexps, the question's (M, F, N) index and matches
             return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 5 * N * S + 3 * P * N * F
 
-        return engine.HopGates(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
+        return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
                                extra_elements=extra_elements, position_target=self.target_log_probs)
 
     # -- queries that need the data class --------------------------------------------------------------------
     def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(n, S)`` predictive answer distribution, the hop latents marginalised (targets unused)."""
         self.check_observations(obs)
-        return engine.predict_proba(self.hop_gates(), obs, budget)
+        return engine.predict_proba(self.hop_factors(), obs, budget)
 
     def value_marginals(self, obs, *, budget: Optional[int] = None):
         """Not defined: a fact has ``F`` symbols, not one value (use :meth:`hop_marginals` and ``obs.facts``)."""
@@ -521,7 +521,7 @@ class FactAttention(HopAttentionHead):
         self.check_observations(obs)
         with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = _rows(obs, index, subsample_size)
-            pyro.sample("target", CollapsedHopChain(self.hop_gates(), batch), obs=batch.target)
+            pyro.sample("target", CollapsedHopChain(self.hop_factors(), batch), obs=batch.target)
 
     @pyro_method
     def guide(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
@@ -558,18 +558,20 @@ def _initial(name: str, value, shape: tuple, dtype) -> torch.Tensor:
     return value.detach().clone().to(dtype)
 
 
-def fact_chain_truth(hops: int = 2, num_relations: int = 4, train_entities: int = 40, test_entities: int = 20,
-                     strength: float = 20.0, dtype=None) -> FactAttention:
+def fact_chain_truth(n_hops: int = 2, num_relations: int = 4, train_entities: int = 40, test_entities: int = 20,
+                     strength: float = 20.0, dtype=None, *, hops: Optional[int] = None) -> FactAttention:
     """The generating structure of :func:`~pyro_multihop.data.fact_chain_task` as a :class:`FactAttention`.
 
     Hop ``l`` picks question word ``l`` (and hop 1 also the entity, the last token) by position; question word
     ``R + r`` matches relation ``r`` in field 1 (``question_tables``) and the entity matches field 0 by
     equality; from hop 2 on, the previous fact's object (field 2) must equal the candidate's subject
     (``field_equality[l, 2, 0]``); the answer copies the last fact's object. ``strength`` scales every weight.
+    ``n_hops``: ``L`` (``hops=``, its old keyword, is deprecated).
     """
+    n_hops = renamed_keyword("fact_chain_truth", "n_hops", n_hops, "hops", hops, default=2)
     check_number("strength", strength, strict=True)
     vocabulary = fact_chain_vocabulary(num_relations, train_entities, test_entities)
-    L, S, P = hops, vocabulary.num_symbols, hops + 1
+    L, S, P = n_hops, vocabulary.num_symbols, n_hops + 1
     dtype = torch.get_default_dtype() if dtype is None else dtype
     position = torch.full((L, P), -strength, dtype=dtype)
     for hop in range(L):
@@ -585,4 +587,4 @@ def fact_chain_truth(hops: int = 2, num_relations: int = 4, train_entities: int 
     field_equality[:, 2, 0] = strength
     init = {"question_position": position, "question_equality": question_equality, "question_tables": question_tables,
             "field_equality": field_equality, "emission_mix_probs": [0, 0, 0, 0, 0, 1]}
-    return FactAttention(hops, 3, S, max_question_len=P, dtype=dtype, init=init)
+    return FactAttention(n_hops, 3, S, max_question_len=P, dtype=dtype, init=init)

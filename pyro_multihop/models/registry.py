@@ -9,7 +9,7 @@
 Example::
 
     >>> from pyro_multihop.models.registry import build_head, default_sigma2, head_class
-    >>> head = build_head("chained", hops=2, num_symbols=30, num_targets=30, embed_dim=8, seed=0)
+    >>> head = build_head("chained", n_hops=2, num_symbols=30, num_targets=30, embed_dim=8, seed=0)
     >>> type(head) is head_class("ChainedAttention"), head.sigma2 == default_sigma2("chained")
     (True, True)
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
+from ..checks import renamed_keyword
 from .chained import ChainedAttention
 from .facts import FactAttention
 from .tied import TiedEmbeddingAttention
@@ -51,13 +52,15 @@ def default_sigma2(model: str) -> float:
     return inspect.signature(_command_class(model)).parameters["sigma2"].default
 
 
-def build_head(model: str, *, hops: int, num_symbols: int, num_targets: int, embed_dim: int, seed: int,
-               sigma2: Optional[float] = None):
+def build_head(model: str, *, n_hops: Optional[int] = None, num_symbols: int, num_targets: int, embed_dim: int,
+               seed: int, sigma2: Optional[float] = None, hops: Optional[int] = None):
     """A new head of the command name ``model`` (:data:`COMMAND_HEADS`) from the ``train`` command's settings:
-    ``hops`` L, vocabulary sizes S and T, ``embed_dim`` (the tied head's embedding dimension, unused by the
-    chained head), ``seed`` of the initial values, ``sigma2`` (None: :func:`default_sigma2`)."""
+    ``n_hops`` L (required; ``hops=``, its old keyword, is deprecated), vocabulary sizes S and T, ``embed_dim``
+    (the tied head's embedding dimension, unused by the chained head), ``seed`` of the initial values, ``sigma2``
+    (None: :func:`default_sigma2`)."""
+    n_hops = renamed_keyword("build_head", "n_hops", n_hops, "hops", hops)
     cls = _command_class(model)
     options = {"seed": seed, "sigma2": default_sigma2(model) if sigma2 is None else sigma2}
     if cls is TiedEmbeddingAttention:
-        return cls(num_symbols, embed_dim, num_targets, n_hops=hops, **options)
-    return cls(hops, num_symbols, num_targets, **options)
+        return cls(num_symbols, embed_dim, num_targets, n_hops=n_hops, **options)
+    return cls(n_hops, num_symbols, num_targets, **options)

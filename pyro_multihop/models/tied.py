@@ -74,6 +74,7 @@ from ..gate_ops import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
 from ..engine.log_space import MASKED_LOGIT, HopChain
+from ..engine.moved_names import deprecated_aliases
 from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
 __all__ = [
@@ -81,15 +82,19 @@ __all__ = [
     "TiedEmbeddingAttention",
     "embedding_gate_logits",
     "embedding_score_tables",
-    "embedding_hop_gates",
+    "embedding_hop_factors",
     "squared_distances",
     "expected_squared_distances",
     "plug_in_distances",
-    "plug_in_hop_gates",
+    "plug_in_hop_factors",
 ]
 
 #: The plug-in rules of :class:`TiedEmbeddingAttention` (see the module docstring).
 PLUG_IN_RULES = ("expected", "mean")
+
+# Renamed with HopGates -> HopFactors; the old names are kept for one release.
+__getattr__ = deprecated_aliases(__name__, {"embedding_hop_gates": (__name__, "embedding_hop_factors"),
+                                            "plug_in_hop_gates": (__name__, "plug_in_hop_factors")})
 
 # Above this many elements in the (S, S', D) difference tensor, distances use the Gram form.
 _EXPLICIT_DIFFERENCE_LIMIT = 2**20
@@ -160,10 +165,11 @@ def embedding_score_tables(embeddings: torch.Tensor, sigma2: float, n_hops: int)
     return table.unsqueeze(-3).expand(table.shape[:-2] + (n_hops,) + table.shape[-2:])
 
 
-def embedding_hop_gates(embeddings: torch.Tensor, log_emission: torch.Tensor, sigma2: float, n_hops: int) -> engine.HopGates:
-    """The engine's view (:class:`~pyro_multihop.engine.HopGates`) of the tied head at ``embeddings (S, D)``
+def embedding_hop_factors(embeddings: torch.Tensor, log_emission: torch.Tensor, sigma2: float,
+                          n_hops: int) -> engine.HopFactors:
+    """The engine's view (:class:`~pyro_multihop.engine.HopFactors`) of the tied head at ``embeddings (S, D)``
     with the ``(S, T)`` log emission table."""
-    return _score_hop_gates(embedding_score_tables(embeddings, sigma2, n_hops), log_emission, n_hops)
+    return _score_hop_factors(embedding_score_tables(embeddings, sigma2, n_hops), log_emission, n_hops)
 
 
 def plug_in_distances(loc: torch.Tensor, scale: torch.Tensor, plug_in: str = "expected") -> torch.Tensor:
@@ -176,15 +182,15 @@ def plug_in_distances(loc: torch.Tensor, scale: torch.Tensor, plug_in: str = "ex
     raise ValueError(f"plug_in must be one of {PLUG_IN_RULES}, got {plug_in!r}")
 
 
-def plug_in_hop_gates(loc: torch.Tensor, scale: torch.Tensor, log_emission: torch.Tensor, sigma2: float,
-                      n_hops: int, plug_in: str = "expected") -> engine.HopGates:
+def plug_in_hop_factors(loc: torch.Tensor, scale: torch.Tensor, log_emission: torch.Tensor, sigma2: float,
+                        n_hops: int, plug_in: str = "expected") -> engine.HopFactors:
     """The engine's view of the tied head's plug-in rule at the posterior ``loc``, ``scale`` (``(S, D)``)."""
     scores = (plug_in_distances(loc, scale, plug_in) / (-2.0 * sigma2)).expand(n_hops, -1, -1)
-    return _score_hop_gates(scores, log_emission, n_hops)
+    return _score_hop_factors(scores, log_emission, n_hops)
 
 
-def _score_hop_gates(scores: torch.Tensor, log_emission: torch.Tensor, n_hops: int) -> engine.HopGates:
-    return engine.HopGates(log_emission, functools.partial(engine.chain_from_scores, scores), n_hops, scores)
+def _score_hop_factors(scores: torch.Tensor, log_emission: torch.Tensor, n_hops: int) -> engine.HopFactors:
+    return engine.HopFactors(log_emission, functools.partial(engine.chain_from_scores, scores), n_hops, scores)
 
 
 class TiedEmbeddingAttention(HopAttentionHead):
@@ -358,10 +364,10 @@ class TiedEmbeddingAttention(HopAttentionHead):
         check_kl_weight(kl_weight)
         with scale_kl(kl_weight):
             embeddings = pyro.sample("embeddings", self.prior())
-        gates = embedding_hop_gates(embeddings, self.log_emission, self.sigma2, self.n_hops)
+        factors = embedding_hop_factors(embeddings, self.log_emission, self.sigma2, self.n_hops)
         with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
-            pyro.sample("target", CollapsedHopChain(gates, batch), obs=batch.target)
+            pyro.sample("target", CollapsedHopChain(factors, batch), obs=batch.target)
 
     # ``guide`` is the submodule MeanFieldNormalGuide: guide(obs, subsample_size=None, kl_weight=1.0) draws
     # "embeddings" under the same scale_kl(kl_weight) and ignores the model's other arguments.
@@ -379,9 +385,9 @@ class TiedEmbeddingAttention(HopAttentionHead):
         """Gate factors at ``embeddings`` (``(S, D)``; default the plug-in table)."""
         return engine.chain_from_scores(self.gate_score_tables(embeddings), obs)
 
-    def hop_gates(self, embeddings: Optional[torch.Tensor] = None) -> engine.HopGates:
+    def hop_factors(self, embeddings: Optional[torch.Tensor] = None) -> engine.HopFactors:
         """The engine's view of the head at ``embeddings`` (default the plug-in table)."""
-        return _score_hop_gates(self.gate_score_tables(embeddings), self.log_emission, self.n_hops)
+        return _score_hop_factors(self.gate_score_tables(embeddings), self.log_emission, self.n_hops)
 
     def predict_proba(self, keys, values=None, query=None, mask=None, *, num_samples: Optional[int] = None,
                       seed: Optional[int] = None, budget: Optional[int] = None) -> torch.Tensor:
@@ -399,7 +405,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
         draws = self.sample_embeddings(num_samples, seed)
         total = 0.0
         for embeddings in draws:
-            total = total + engine.predict_proba(self.hop_gates(embeddings), obs, budget)
+            total = total + engine.predict_proba(self.hop_factors(embeddings), obs, budget)
         return total / num_samples
 
     # -- generative sampler -----------------------------------------------------------------------------
@@ -421,7 +427,7 @@ class TiedEmbeddingAttention(HopAttentionHead):
         draw = None if embeddings == "plug_in" else loc
         if embeddings == "posterior":
             draw = loc + scale * torch.randn(loc.shape, generator=generator, dtype=loc.dtype)
-        return self._sample_targets(context, self.hop_gates(draw), generator)
+        return self._sample_targets(context, self.hop_factors(draw), generator)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", embed_dim={self.embed_dim}, sigma2={self.sigma2}, "

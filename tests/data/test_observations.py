@@ -108,7 +108,7 @@ def test_slices_copies_chunks_and_the_plate_do_not_validate_again(monkeypatch):
     assert obs[3:7].keys.shape == (4, obs.context_len) and obs[torch.tensor([1, 0])].query.tolist() == obs.query[[1, 0]].tolist()
     assert obs.to("cpu").mask is not None and len(obs[2]) == 1
     assert torch.allclose(head.log_likelihood(obs, budget=1 << 12), expected)  # many chunks of obs[rows]
-    collapsed = CollapsedHopChain(head.hop_gates(), obs)
+    collapsed = CollapsedHopChain(head.hop_factors(), obs)
     assert torch.allclose(collapsed.log_prob(obs.target), expected)
     shifted = (obs.target + 1) % 30
     assert collapsed.log_prob(shifted).shape == (len(obs),)

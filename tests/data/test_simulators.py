@@ -27,7 +27,7 @@ def test_simulators_are_seeded():
 
 def test_chain_task_follows_the_chain_for_every_hop_count():
     for hops in (1, 3, 4):
-        obs = chain_task(50, hops=hops, num_symbols=40, pairs=3, seed=hops)
+        obs = chain_task(50, n_hops=hops, num_symbols=40, pairs=3, seed=hops)
         assert obs.context_len == 3 * hops
         for row in range(50):
             symbol = int(obs.query[row])
@@ -51,7 +51,7 @@ def test_induction_task_copies_the_successor():
     [
         (lambda: transitive_task(0), "n must be a positive integer"),
         (lambda: transitive_task(10, num_symbols=3, pairs=5), "num_symbols must be an integer >= pairs"),
-        (lambda: chain_task(10, hops=0), "hops must be a positive integer"),
+        (lambda: chain_task(10, n_hops=0), "n_hops must be a positive integer"),
         (lambda: induction_task(10, num_symbols=5, seq_len=8), "num_symbols must be an integer >= pairs"),
     ],
 )
@@ -63,7 +63,7 @@ def test_simulator_arguments_are_checked(call, message):
 def test_fact_chain_task_structure():
     vocabulary = fact_chain_vocabulary(4, 40, 20)
     for entities, pool in (("train", vocabulary.train_entities), ("test", vocabulary.test_entities)):
-        obs = fact_chain_task(200, hops=3, num_facts=9, entities=entities, seed=1)
+        obs = fact_chain_task(200, n_hops=3, num_facts=9, entities=entities, seed=1)
         assert obs.facts.shape == (200, 9, 3) and obs.question.shape == (200, 4) and obs.supporting.shape == (200, 3)
         subjects, relations, objects = obs.facts.unbind(-1)
         assert bool(((subjects >= pool.start) & (subjects < pool.stop)).all())
@@ -84,7 +84,7 @@ def test_fact_chain_task_structure():
     "kwargs, message",
     [
         ({"n": 0}, "n must be a positive integer"),
-        ({"hops": 2, "num_facts": 3}, "num_facts must be >= 2 hops"),
+        ({"n_hops": 2, "num_facts": 3}, "num_facts must be >= 2 n_hops"),
         ({"entities": "valid"}, "entities must be 'train' or 'test'"),
         ({"num_relations": 1}, "num_relations must be an integer >= 2"),
         ({"test_entities": 5, "entities": "test"}, "test_entities must be >= 15"),
@@ -94,3 +94,21 @@ def test_fact_chain_task_bad_input(kwargs, message):
     kwargs = {"n": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
         fact_chain_task(**kwargs)
+
+
+def test_the_old_hops_keyword_warns_and_draws_the_same_rows():
+    """``hops=`` (renamed ``n_hops``) is kept for one release: it warns, naming ``n_hops``; positional calls
+    are unchanged; both keywords at once, or neither where the count is required, are a TypeError."""
+    with pytest.warns(DeprecationWarning, match=r"chain_task\(hops=...\) is deprecated; use chain_task\(n_hops=...\)"):
+        old = chain_task(20, hops=3, seed=1)
+    assert old == chain_task(20, n_hops=3, seed=1) == chain_task(20, 3, seed=1)
+    with pytest.warns(DeprecationWarning, match=r"use fact_chain_task\(n_hops=...\)"):
+        old_facts = fact_chain_task(10, hops=3, seed=2)
+    assert old_facts == fact_chain_task(10, n_hops=3, seed=2) == fact_chain_task(10, 3, seed=2)
+    assert old_facts.supporting.shape == (10, 3)
+    with pytest.raises(TypeError, match="got both 'n_hops' and its old keyword 'hops'"), pytest.warns(DeprecationWarning):
+        chain_task(20, 3, hops=3)
+    with pytest.raises(TypeError, match="got both"), pytest.warns(DeprecationWarning):
+        fact_chain_task(10, n_hops=3, hops=3)
+    with pytest.raises(TypeError, match="missing required argument: 'n_hops'"):
+        chain_task(20)

@@ -9,6 +9,7 @@ import re
 import oracle
 import pytest
 import torch
+from factories import HOPS, MASKED, S, T, random_chained_head, random_obs
 from torch.overrides import TorchFunctionMode
 
 import pyro_multihop.em.closed_form as em_module
@@ -17,18 +18,7 @@ from pyro_multihop.em import ChainedEM, ConvergenceWarning, EMResult, Sufficient
 
 pytestmark = pytest.mark.filterwarnings("error::pyro_multihop.em.ConvergenceWarning")
 
-S, T, N = 5, 4, 4
-HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
-MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
 ROUTE = pytest.mark.parametrize("route", ["symbols", "positions"])
-
-
-def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64, scale=1.0):
-    return oracle.random_chained_head(hops, S, T, seed, sigma2, dtype, scale)
-
-
-def random_obs(n=6, seed=1, masked=False, context=N):
-    return oracle.random_observations(n, S, T, context, seed, masked)
 
 
 def concat(*parts):
@@ -40,7 +30,7 @@ def concat(*parts):
 
 def brute_force_stats(head, obs, weights=None):
     """Expected statistics by walking every hop path: hop l's key collects the query that arrives at it."""
-    tables = oracle.onehot_path_tables(head, obs)
+    tables = oracle.head_path_tables(head, obs)
     L = head.n_hops
     numerators = torch.zeros(L, S, S, dtype=torch.float64)
     masses = torch.zeros(L, S, dtype=torch.float64)
@@ -81,7 +71,7 @@ def em_for(head, **kwargs):
 @ROUTE
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_statistics_are_posterior_expectations_over_hop_paths(hops, masked, route, weighted):
-    head, obs = random_head(hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
+    head, obs = random_chained_head(hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
     weights = None
     if weighted:
         weights = 2 * torch.rand(len(obs), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -97,7 +87,7 @@ def test_statistics_are_posterior_expectations_over_hop_paths(hops, masked, rout
 
 @HOPS
 def test_log_likelihood_is_the_models(hops):
-    head, obs = random_head(hops, seed=20), random_obs(n=9, seed=21, masked=True)
+    head, obs = random_chained_head(hops, seed=20), random_obs(n=9, seed=21, masked=True)
     expected = float(head.log_likelihood(obs).detach().sum())
     assert em_for(head).e_step(head, obs).loglik == pytest.approx(expected, rel=1e-12)
 
@@ -113,7 +103,7 @@ def assert_brute_force_stats(stats, head, obs, tolerance):
 @HOPS
 def test_underflowing_gates_are_retried_on_their_dense_factors(hops, caplog):
     # sigma2 = 1e-3 with keys of norm ~5: symbol-space gate weights exp(-10^4) underflow even in float64.
-    head = random_head(hops, seed=30, sigma2=1e-3, scale=2.0)
+    head = random_chained_head(hops, seed=30, sigma2=1e-3, scale=2.0)
     obs = random_obs(n=8, seed=31, masked=True)
     caplog.set_level(logging.DEBUG, logger=em_module.__name__)
     stats = em_for(head, route="symbols").e_step(head, obs)
@@ -128,7 +118,7 @@ def test_rows_underflowing_on_their_dense_factors_too_fall_back_to_log_space(rou
     """An emission whose target probabilities differ by e^700 across values (beyond float64's range of sums): a
     sharp last hop that attends a position of the wrong value leaves the likelihood below the underflow floor on
     the dense factors too, and the row goes to log space; the statistics stay exact."""
-    keys = random_head(hops, seed=30, sigma2=1e-3, scale=2.0).key_tables.detach()
+    keys = random_chained_head(hops, seed=30, sigma2=1e-3, scale=2.0).key_tables.detach()
     log_emission = torch.where(torch.arange(S).unsqueeze(-1) % T == torch.arange(T), 0.0, -700.0).double()
     head = ChainedAttention(hops, S, T, sigma2=1e-3, key_tables=keys, emission=log_emission.softmax(-1))
     obs = random_obs(n=8, seed=31, masked=True)
@@ -142,7 +132,7 @@ def test_rows_underflowing_on_their_dense_factors_too_fall_back_to_log_space(rou
 @ROUTE
 def test_float32_model_gives_float32_statistics(route):
     obs = random_obs(n=40, seed=41, masked=True)
-    head64 = random_head(3, seed=40)
+    head64 = random_chained_head(3, seed=40)
     head32 = ChainedAttention(
         3, S, T, sigma2=0.6, key_tables=head64.key_tables.detach().float(), emission=head64.emission.detach().float()
     )
@@ -177,7 +167,7 @@ class _LargestTensor(TorchFunctionMode):
 def test_symbol_route_e_step_allocates_nothing_of_pair_size(route, bounded):
     """No (n, N, N) tensor on the symbol route, let alone the seed's (n, N, N, S); the position route has them."""
     n, context = 64, 8
-    head, obs = random_head(3, seed=50), random_obs(n=n, seed=51, context=context)
+    head, obs = random_chained_head(3, seed=50), random_obs(n=n, seed=51, context=context)
     em = em_for(head, route=route)
     with _LargestTensor() as spy:
         em.e_step(head, obs)
@@ -238,7 +228,7 @@ def test_one_em_iteration_by_hand_two_hops():
 
 @HOPS
 def test_m_step_applies_the_closed_form_to_brute_force_statistics(hops):
-    head, obs = random_head(hops, seed=60), random_obs(n=10, seed=61, masked=True)
+    head, obs = random_chained_head(hops, seed=60), random_obs(n=10, seed=61, masked=True)
     numerators, masses, counts, _ = brute_force_stats(head, obs)
     smoothing = 0.3
     model = em_for(head, emission_smoothing=smoothing).m_step(em_for(head).e_step(head, obs))
@@ -252,7 +242,7 @@ def test_m_step_applies_the_closed_form_to_brute_force_statistics(hops):
 
 
 def test_m_step_leaves_unvisited_keys_at_zero_and_unvisited_values_uniform_without_smoothing():
-    head = random_head(2, seed=70)
+    head = random_chained_head(2, seed=70)
     obs = Observations(keys=[[1, 2]], values=[[2, 3]], query=[1], target=[0])
     model = em_for(head, emission_smoothing=0.0).m_step(em_for(head).e_step(head, obs))
     assert (model.key_tables.detach()[:, [0, 3, 4]] == 0).all()
@@ -263,7 +253,7 @@ def test_m_step_leaves_unvisited_keys_at_zero_and_unvisited_values_uniform_witho
 # -- additivity, weights, padding ---------------------------------------------------------------------
 @ROUTE
 def test_statistics_of_parts_add_to_those_of_the_whole(route):
-    head, obs = random_head(3, seed=80), random_obs(n=20, seed=81, masked=True)
+    head, obs = random_chained_head(3, seed=80), random_obs(n=20, seed=81, masked=True)
     em = em_for(head, route=route)
     whole = em.e_step(head, obs)
     halves = em.e_step(head, obs[:7]) + em.e_step(head, obs[7:])
@@ -281,7 +271,7 @@ def test_adding_statistics_of_different_shapes_fails():
 
 @ROUTE
 def test_zero_weight_rows_have_no_effect(route):
-    head, obs = random_head(2, seed=90), random_obs(n=12, seed=91, masked=True)
+    head, obs = random_chained_head(2, seed=90), random_obs(n=12, seed=91, masked=True)
     weights = torch.tensor([1.0, 0.0, 2.5, 0.0] * 3, dtype=torch.float64)
     em = em_for(head, route=route)
     kept = weights > 0
@@ -289,7 +279,7 @@ def test_zero_weight_rows_have_no_effect(route):
 
 
 def test_integer_weights_are_repeated_rows_and_scaling_weights_scales_statistics():
-    head, obs = random_head(3, seed=100), random_obs(n=6, seed=101)
+    head, obs = random_chained_head(3, seed=100), random_obs(n=6, seed=101)
     em = em_for(head)
     weights = torch.tensor([1, 2, 1, 3, 1, 1])
     repeated = concat(obs, obs[1], obs[3], obs[3])
@@ -334,7 +324,7 @@ def test_fit_with_zero_weights_equals_fit_on_the_kept_rows():
     ids=["negative", "nan", "wrong-shape"],
 )
 def test_bad_weights_are_rejected(weights, message):
-    head, obs = random_head(2), random_obs()
+    head, obs = random_chained_head(2), random_obs()
     em = em_for(head)
     for call in (lambda: em.e_step(head, obs, weights), lambda: em.random_stats(obs, weights=weights)):
         with pytest.raises(ValueError, match="weights") as error:
@@ -356,7 +346,7 @@ def test_padding_gets_no_mass_and_equals_a_shorter_context(route):
     padded = Observations(
         torch.cat([real.keys, pad], 1), torch.cat([real.values, pad], 1), real.query, real.target, mask
     )
-    head = random_head(3, seed=111)
+    head = random_chained_head(3, seed=111)
     em = em_for(head, route=route)
     stats = em.e_step(head, padded)
     assert_stats_close(stats, em.e_step(head, real))
@@ -462,10 +452,10 @@ def test_the_former_route_names_are_deprecated_aliases(method, route):
 @pytest.mark.parametrize(
     "field, head",
     [
-        ("n_hops", lambda: random_head(1)),
+        ("n_hops", lambda: random_chained_head(1)),
         ("num_symbols", lambda: ChainedAttention(2, S + 1, T, 0.6)),
         ("num_targets", lambda: ChainedAttention(2, S, T + 1, 0.6)),
-        ("sigma2", lambda: random_head(2, sigma2=0.3)),
+        ("sigma2", lambda: random_chained_head(2, sigma2=0.3)),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -483,7 +473,7 @@ def test_symbols_beyond_the_model_sizes_are_rejected(field):
     tensors = {name: getattr(obs, name).clone() for name in ("keys", "values", "query", "target")}
     tensors[field].view(-1)[0] = T if field == "target" else S
     bad = Observations(**tensors)
-    head = random_head(2)
+    head = random_chained_head(2)
     em = em_for(head)
     for call in (lambda: em.e_step(head, bad), lambda: em.fit(bad), lambda: em.random_stats(bad)):
         with pytest.raises(ValueError, match=field):

@@ -45,7 +45,7 @@ def test_naive_numpy_reference_matches_chained_em(hops):
     from pyro_multihop.em import ChainedEM
 
     benchmark = _load_benchmark()
-    obs = chain_task(40, hops=hops, num_symbols=9, pairs=3, seed=2)
+    obs = chain_task(40, n_hops=hops, num_symbols=9, pairs=3, seed=2)
     em = ChainedEM(hops, 9, 9, sigma2=0.2, emission_smoothing=1e-3)
     model = em.m_step(em.random_stats(obs, seed=3, dtype=torch.float64))
     stats = em.e_step(model, obs)

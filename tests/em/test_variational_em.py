@@ -7,21 +7,13 @@ import warnings
 import oracle
 import pytest
 import torch
+from factories import D, N, S, T, random_obs
 
 from pyro_multihop import Observations, transitive_task
 from pyro_multihop.diagnostics import DiagnosticWarning
 from pyro_multihop.em import ConvergenceWarning
 from pyro_multihop.em.variational import TiedEmbeddingVEM
 from pyro_multihop.models.tied import TiedEmbeddingAttention
-
-S, D, T, N = 5, 3, 4, 4
-
-
-
-
-def random_obs(n=6, seed=1, masked=False):
-    return oracle.random_observations(n, S, T, N, seed, masked)
-
 
 def random_state(seed=0):
     generator = torch.Generator().manual_seed(seed)
@@ -32,8 +24,7 @@ def random_state(seed=0):
 
 
 def tables_at(embeddings, obs, hops, sigma2, emission):
-    vectors = embeddings[obs.query], [embeddings[obs.keys]] * hops, embeddings[obs.values]
-    return oracle.enumerate_paths(*vectors, sigma2, emission, obs.values, obs.target, obs.mask)
+    return oracle.enumerate_paths(*oracle.embedding_vectors(embeddings, obs, hops), sigma2, emission, obs.values, obs.target, obs.mask)
 
 
 @pytest.mark.parametrize("hops", [1, 2], ids=lambda h: f"L={h}")

@@ -3,9 +3,10 @@ the number of rows beyond the budget, and a bad budget is refused by name."""
 
 import math
 
+import oracle
 import pytest
 import torch
-from engine_oracle import HEADS, ROUTES, brute_force, make_head, random_obs, routes_taken
+from factories import HEADS, ROUTES, random_head, random_obs
 from torch.overrides import TorchFunctionMode
 
 from pyro_multihop import engine
@@ -15,7 +16,7 @@ from pyro_multihop import engine
 @ROUTES
 def test_chunking_does_not_change_the_answers(kind, ratio, monkeypatch):
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head, obs = make_head(kind, 3, seed=40), random_obs(n=50, seed=41, masked=True)
+    head, obs = random_head(kind, 3, seed=40), random_obs(n=50, seed=41, masked=True)
     tiny = 1  # byte: one row per chunk
     assert torch.allclose(head.log_likelihood(obs, budget=tiny), head.log_likelihood(obs), rtol=1e-13)
     assert torch.allclose(head.hop_marginals(obs, budget=tiny), head.hop_marginals(obs), atol=1e-14)
@@ -26,7 +27,7 @@ def test_chunking_does_not_change_the_answers(kind, ratio, monkeypatch):
     # way: every differing row must hold two paths of the same, largest, joint probability.
     differing = (chunked != whole).any(-1).nonzero().flatten().tolist()
     if differing:
-        joints = brute_force(head, obs)["joints"]
+        joints = oracle.brute_force(head, obs)["joints"]
         for row in differing:
             best = max(joints[row].values())
             for path in (chunked[row], whole[row]):
@@ -58,10 +59,10 @@ def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, sigma2, sc
     validation of the symbols) is larger than 64 KiB of float64 elements; with sigma2 = 1e-3 most rows are
     retried on their dense factors, in sub-chunks under the same budget."""
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = make_head("chained", 3, seed=50, sigma2=sigma2, scale=scale)
+    head = random_head("chained", 3, seed=50, sigma2=sigma2, scale=scale)
     obs = random_obs(n=3000, seed=51, context=12)
     if sigma2 < 0.1:
-        assert "dense" in routes_taken(head, obs[:50])
+        assert "dense" in {piece.route for piece in engine.forward_backward_chunks(head.hop_factors(), obs[:50])}
     budget = 64 * 1024
     with torch.no_grad(), _LargestTensor() as spy:
         out = getattr(head, query)(obs, budget=budget)
@@ -74,7 +75,7 @@ def test_no_intermediate_grows_with_n_beyond_the_budget(query, ratio, sigma2, sc
 @pytest.mark.parametrize("budget, error", [(0, ValueError), (-5, ValueError), (math.inf, ValueError),
                                            ("1GB", TypeError), (True, TypeError)])
 def test_a_bad_budget_is_refused_by_name(budget, error):
-    head, obs = make_head("chained", 2), random_obs()
+    head, obs = random_head("chained", 2), random_obs(n=7)
     with pytest.raises(error, match="budget"):
         head.log_likelihood(obs, budget=budget)
     with pytest.raises(error, match="budget"):

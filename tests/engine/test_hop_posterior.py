@@ -1,8 +1,9 @@
 """Every row's posterior (pyro_multihop/engine/hop_posterior.py): its MAP read reuses the chunks its
 forward-backward pass kept."""
 
-from engine_oracle import ROUTES, assert_map_paths_are_most_probable, exact_path_posterior, make_head, random_obs
+import oracle
 import pytest
+from factories import ROUTES, random_head, random_obs
 
 from pyro_multihop import engine
 
@@ -17,7 +18,7 @@ def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares
     from pyro_multihop.engine import paths as engine_paths
 
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = make_head("chained", 3, seed=120, sigma2=1e-3, scale=2.0)
+    head = random_head("chained", 3, seed=120, sigma2=1e-3, scale=2.0)
     obs = random_obs(n=40, seed=121, masked=True)
     calls = []
     prepare = engine_paths.prepare
@@ -25,7 +26,7 @@ def test_the_lazy_posterior_reads_map_paths_from_its_own_chunks(budget, prepares
                         lambda *args: (args[2] != "dense" and calls.append(len(args[1]))) or prepare(*args))
     posterior = head.posterior(obs, budget=budget)
     paths = posterior.map_paths
-    assert_map_paths_are_most_probable(paths, exact_path_posterior(head, obs), 1e-9)
+    oracle.assert_map_paths_are_most_probable(paths, oracle.exact_path_posterior(head, obs), 1e-9)
     prepared_rows = sum(calls)
     if prepares == 0:
         assert prepared_rows == 0

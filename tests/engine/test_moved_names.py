@@ -1,5 +1,6 @@
-"""The deprecated aliases of the engine's moved and renamed names (pyro_multihop/engine/moved_names.py): each old
-name warns, naming the new one, and is the new object; a name that never existed is still an AttributeError."""
+"""The deprecated aliases of the engine's moved and renamed names (pyro_multihop/engine/moved_names.py, and the
+package's and the heads' names renamed with the engine's ``HopGates``): each old name warns, naming the new one, and
+is the new object; a name that never existed is still an AttributeError."""
 
 import importlib
 
@@ -21,6 +22,16 @@ MOVED = [
     ("pyro_multihop.engine.transitions", "rows_per_chunk", "pyro_multihop.engine.budget", "rows_per_chunk"),
     ("pyro_multihop.engine.paths", "HopPosterior", "pyro_multihop.engine.hop_posterior", "HopPosterior"),
     ("pyro_multihop.engine.paths", "dense_chunks", "pyro_multihop.engine.budget", "dense_chunks"),
+    # HopGates carries the emission too: renamed HopFactors, its module hop_factors (issue 32).
+    ("pyro_multihop", "HopGates", "pyro_multihop", "HopFactors"),
+    ("pyro_multihop.engine", "HopGates", "pyro_multihop.engine", "HopFactors"),
+    ("pyro_multihop.engine.hop_gates", "HopGates", "pyro_multihop.engine.hop_factors", "HopFactors"),
+    ("pyro_multihop.engine.hop_gates", "HopFactors", "pyro_multihop.engine.hop_factors", "HopFactors"),
+    ("pyro_multihop.engine.hop_gates", "chain_from_scores", "pyro_multihop.engine.hop_factors", "chain_from_scores"),
+    ("pyro_multihop.engine.hop_gates", "first_hop_log_probs", "pyro_multihop.engine.hop_factors", "first_hop_log_probs"),
+    ("pyro_multihop.models", "embedding_hop_gates", "pyro_multihop.models.tied", "embedding_hop_factors"),
+    ("pyro_multihop.models.tied", "embedding_hop_gates", "pyro_multihop.models.tied", "embedding_hop_factors"),
+    ("pyro_multihop.models.tied", "plug_in_hop_gates", "pyro_multihop.models.tied", "plug_in_hop_factors"),
 ]
 
 
@@ -40,8 +51,25 @@ def test_the_old_names_import_from_the_package():
     assert "LogChunkPosterior" in engine.__all__ and "HopPosterior" in engine.__all__
 
 
+def test_the_renamed_factors_import_from_their_old_homes():
+    with pytest.warns(DeprecationWarning, match="pyro_multihop.HopGates is deprecated; use pyro_multihop.HopFactors"):
+        from pyro_multihop import HopGates
+    assert HopGates is engine.HopFactors
+    with pytest.warns(DeprecationWarning, match="HopFactors"):
+        from pyro_multihop.engine.hop_gates import HopGates as old_path
+    assert old_path is engine.HopFactors
+    with pytest.warns(DeprecationWarning, match="embedding_hop_factors"):
+        from pyro_multihop.models import embedding_hop_gates
+    from pyro_multihop.models import embedding_hop_factors
+
+    assert embedding_hop_gates is embedding_hop_factors
+    assert "HopFactors" in engine.__all__ and "HopGates" not in engine.__all__
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         engine.transitions.no_such_name
     with pytest.raises(ImportError):
         from pyro_multihop.engine import no_such_name  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        engine.hop_gates.no_such_name

@@ -1,5 +1,6 @@
-"""The path queries' building blocks (pyro_multihop/engine/paths.py) against their definitions: the k largest
-entries of each row, and the k best paths of a few candidates scored all at once."""
+"""The path queries (pyro_multihop/engine/paths.py): their building blocks against their definitions (the k largest
+entries of each row, the k best paths of a few candidates scored all at once), and MAP, k best (given the target
+and of the prior chain), sampling and entropy against brute force on both routes."""
 
 import itertools
 import math
@@ -7,24 +8,10 @@ import math
 import oracle
 import pytest
 import torch
-from engine_oracle import (
-    EMISSION_GAPS,
-    HEADS,
-    HOPS,
-    MASKED,
-    ROUTES,
-    assert_k_best_match,
-    assert_map_paths_are_most_probable,
-    brute_force,
-    entropies,
-    exact_path_posterior,
-    make_head,
-    random_obs,
-    vectors,
-)
+from factories import EMISSION_GAPS, HEADS, HOPS, MASKED, ROUTES, random_chained_head, random_head, random_obs
 
 from pyro_multihop import engine
-from pyro_multihop.engine import paths
+from pyro_multihop.engine import log_space, paths
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, 9, 12], ids=lambda k: f"k={k}")
@@ -95,8 +82,8 @@ def test_the_top_positions_bound_every_other_entry(dtype, N):
 @HEADS
 @HOPS
 def test_path_entropy_and_k_best_paths_match_brute_force(kind, hops):
-    head, obs = make_head(kind, hops, seed=80), random_obs(n=6, seed=81, masked=True)
-    posteriors = exact_path_posterior(head, obs)
+    head, obs = random_head(kind, hops, seed=80), random_obs(n=6, seed=81, masked=True)
+    posteriors = oracle.exact_path_posterior(head, obs)
     entropy = torch.tensor([-sum(p * math.log(p) for p in post.values() if p > 0) for post in posteriors],
                            dtype=torch.float64)
     assert torch.allclose(head.path_entropy(obs, budget=1), entropy, atol=1e-12)
@@ -114,11 +101,11 @@ def test_path_entropy_and_k_best_paths_match_brute_force(kind, hops):
 
 @HEADS
 def test_sample_paths_follow_the_exact_path_posterior(kind):
-    head, obs = make_head(kind, 2, seed=82), random_obs(n=3, seed=83, context=3)
+    head, obs = random_head(kind, 2, seed=82), random_obs(n=3, seed=83, context=3)
     draws = head.sample_paths(obs, 20000, seed=0, budget=1)
     assert draws.shape == (20000, len(obs), 2)
     assert torch.equal(draws, head.sample_paths(obs, 20000, seed=0, budget=1))  # seeded: reproducible
-    for row, post in enumerate(exact_path_posterior(head, obs)):
+    for row, post in enumerate(oracle.exact_path_posterior(head, obs)):
         for path, p in post.items():
             frequency = float((draws[:, row] == torch.tensor(path)).all(-1).double().mean())
             assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
@@ -127,15 +114,14 @@ def test_sample_paths_follow_the_exact_path_posterior(kind):
 @pytest.mark.parametrize("query, args, name", [("k_best_paths", (0,), "k"), ("sample_paths", (0,), "num_samples"),
                                                 ("k_best_paths", (1.5,), "k")])
 def test_path_queries_refuse_bad_counts_by_name(query, args, name):
-    head, obs = make_head("chained", 2), random_obs()
+    head, obs = random_head("chained", 2), random_obs(n=7)
     with pytest.raises(ValueError, match=name):
         getattr(head, query)(obs, *args)
 
 
 def test_path_entropy_without_the_target_is_that_of_the_prior_chain():
-    head, obs = make_head("chained", 2, seed=84), random_obs(n=5, seed=85, masked=True)
-    emission = head.emission.detach().double()
-    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask)
+    head, obs = random_head("chained", 2, seed=84), random_obs(n=5, seed=85, masked=True)
+    tables = oracle.head_path_tables(head, obs)
     prior_entropy = torch.tensor([-sum(p * math.log(p) for p, _ in table.values() if p > 0) for table in tables],
                                  dtype=torch.float64)
     assert torch.allclose(head.path_entropy(obs, given_target=False), prior_entropy, atol=1e-12)
@@ -156,33 +142,32 @@ def test_path_queries_match_brute_force_on_both_routes(kind, hops, masked, ratio
     few rows is checked in tests/engine/test_transitions.py)."""
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
     monkeypatch.setattr(engine.transitions, "MAX_TIMES_LOOP_ELEMENTS", 0)
-    head = make_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale, emission_gap=emission_gap)
+    head = random_head(kind, hops, seed=100 + hops, sigma2=sigma2, scale=scale, emission_gap=emission_gap)
     obs = random_obs(n=8, seed=101 + hops, masked=masked)
-    posteriors = exact_path_posterior(head, obs)
+    posteriors = oracle.exact_path_posterior(head, obs)
     rtol = 1e-9
-    assert_map_paths_are_most_probable(head.map_paths(obs), posteriors, rtol)
-    assert_k_best_match(*head.k_best_paths(obs, 4), posteriors, 4, rtol)
-    assert torch.allclose(head.path_entropy(obs), entropies(posteriors), atol=1e-10)
-    emission = head.emission.detach().double()
-    tables = oracle.enumerate_paths(*vectors(head, obs), head.sigma2, emission, obs.values, obs.target, obs.mask)
+    oracle.assert_map_paths_are_most_probable(head.map_paths(obs), posteriors, rtol)
+    oracle.assert_k_best_match(*head.k_best_paths(obs, 4), posteriors, 4, rtol)
+    assert torch.allclose(head.path_entropy(obs), oracle.path_entropies(posteriors), atol=1e-10)
+    tables = oracle.head_path_tables(head, obs)
     prior = [{path: p for path, (p, _) in table.items()} for table in tables]
-    assert torch.allclose(head.path_entropy(obs, given_target=False), entropies(prior), atol=1e-10)
-    assert_map_paths_are_most_probable(head.map_paths(obs, given_target=False), prior, rtol)
+    assert torch.allclose(head.path_entropy(obs, given_target=False), oracle.path_entropies(prior), atol=1e-10)
+    oracle.assert_map_paths_are_most_probable(head.map_paths(obs, given_target=False), prior, rtol)
     posterior = head.posterior(obs)
-    assert_map_paths_are_most_probable(posterior.map_paths, posteriors, rtol)
+    oracle.assert_map_paths_are_most_probable(posterior.map_paths, posteriors, rtol)
     assert torch.equal(posterior.map_paths, head.map_paths(obs))
     assert posterior.map_paths is posterior.map_paths  # kept after the first read
-    assert torch.allclose(posterior.path_entropy, entropies(posteriors), atol=1e-10)
-    assert torch.allclose(posterior.hop_marginals, brute_force(head, obs)["hop_marginals"], atol=1e-10)
+    assert torch.allclose(posterior.path_entropy, oracle.path_entropies(posteriors), atol=1e-10)
+    assert torch.allclose(posterior.hop_marginals, oracle.brute_force(head, obs)["hop_marginals"], atol=1e-10)
 
 
 @HEADS
 @ROUTES
 def test_posterior_draws_follow_the_exact_path_posterior_on_both_routes(kind, ratio, monkeypatch):
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head, obs = make_head(kind, 3, seed=110), random_obs(n=2, seed=111, context=3, masked=True)
+    head, obs = random_head(kind, 3, seed=110), random_obs(n=2, seed=111, context=3, masked=True)
     draws = head.sample_paths(obs, 20000, seed=1)
-    for row, post in enumerate(exact_path_posterior(head, obs)):
+    for row, post in enumerate(oracle.exact_path_posterior(head, obs)):
         for path, p in post.items():
             frequency = float((draws[:, row] == torch.tensor(path)).all(-1).double().mean())
             assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
@@ -194,10 +179,10 @@ def test_underflowing_rows_draw_from_the_exact_path_posterior(ratio, emission_ga
     """sigma2 = 1e-3: rows retried on their dense factors or recomputed in log space still draw the paths of
     positive posterior probability."""
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = make_head("chained", 2, seed=112, sigma2=1e-3, scale=2.0, emission_gap=emission_gap)
+    head = random_head("chained", 2, seed=112, sigma2=1e-3, scale=2.0, emission_gap=emission_gap)
     obs = random_obs(n=6, seed=113, masked=True)
     draws = head.sample_paths(obs, 200, seed=2)
-    for row, post in enumerate(exact_path_posterior(head, obs)):
+    for row, post in enumerate(oracle.exact_path_posterior(head, obs)):
         for path in draws[:, row].tolist():
             assert post.get(tuple(path), 0.0) > 0, (row, path)
 
@@ -226,7 +211,7 @@ def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, rat
         return chosen, needed, fits
 
     monkeypatch.setattr(engine_paths, "_k_best_candidates", spy)
-    head = make_head("chained", hops, seed=120, scale=scale)
+    head = random_head("chained", hops, seed=120, scale=scale)
     obs = random_obs(n=40, seed=121, masked=True, context=24)
     paths, log_probs = head.k_best_paths(obs, 3)
     with torch.no_grad():
@@ -245,3 +230,68 @@ def test_k_best_paths_pruned_by_max_marginals_equal_the_log_space_ones(hops, rat
         assert pruned.any() if scale else not pruned.all()
         # pruned rows of different needs: the group of the larger need holds rows with fewer candidates
         assert len(set(needed[pruned].tolist())) > 1
+
+
+# -- k best paths of the prior chain (the question alone, ``given_target=False``), against brute force over every
+# path of the chain's factors and against the log-space k best with a zero emission -----------------------------
+def chain_of(head, obs):
+    with torch.no_grad():
+        return head.hop_chain(obs), head.log_emission[obs.values, obs.target.unsqueeze(-1)]
+
+
+@ROUTES
+@HOPS
+def test_question_only_k_best_is_the_sorted_enumeration_of_the_prior(hops, ratio, monkeypatch):
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
+    head = random_chained_head(hops, seed=5, scale=2.0)
+    obs = random_obs(5, seed=6, masked=True)
+    k = 6
+    paths, log_probs = head.k_best_paths(obs, k, given_target=False, budget=1)
+    given, _ = head.k_best_paths(obs, k)
+    chain, log_emission = chain_of(head, obs)
+    zero = torch.zeros_like(log_emission)
+    differs = False
+    for row in range(len(obs)):
+        table = oracle.chain_log_joints(chain.init, chain.trans, zero, row)
+        best = oracle.sorted_paths(table)[:k]
+        # Equal keys tie: the values are the sorted enumeration's, each path has its own value, no path twice.
+        assert torch.allclose(log_probs[row, : len(best)], torch.tensor([v for _, v in best], dtype=torch.float64),
+                              rtol=0, atol=1e-10)
+        returned = [tuple(p) for p in paths[row, : len(best)].tolist()]
+        assert len(set(returned)) == len(best)
+        for path, log_prob in zip(returned, log_probs[row].tolist()):
+            assert table[path] == pytest.approx(log_prob, abs=1e-10)
+        assert (log_probs[row, len(best):] == -math.inf).all()
+        differs |= not torch.equal(paths[row], given[row])
+    assert differs  # the answer moves some row's ranking: the switch is not a no-op
+
+
+@ROUTES
+@pytest.mark.parametrize("hops", [2, 3], ids=lambda h: f"L={h}")
+def test_pruned_question_only_k_best_equals_the_log_space_one(hops, ratio, monkeypatch):
+    """N = 24 > 16 candidates a hop: the max-marginal pruning runs with an emission of 1 at every real fact."""
+    from pyro_multihop.engine import paths as engine_paths
+
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
+    found = []
+    candidates = engine_paths._k_best_candidates
+
+    def spy(*args):
+        chosen, needed, fits = candidates(*args)
+        found.append(fits)
+        return chosen, needed, fits
+
+    monkeypatch.setattr(engine_paths, "_k_best_candidates", spy)
+    head = random_chained_head(hops, seed=7, scale=2.0)
+    obs = random_obs(30, seed=8, masked=True, context=24)
+    paths, log_probs = head.k_best_paths(obs, 3, given_target=False)
+    chain, log_emission = chain_of(head, obs)
+    expected_paths, expected = log_space.chain_k_best(chain, torch.zeros_like(log_emission), 3)
+    assert torch.allclose(log_probs, expected, rtol=1e-10, atol=1e-12)
+    rows = torch.arange(len(obs)).unsqueeze(-1)
+    scores = chain.init[rows, paths[..., 0]]  # (n, k): each path's prior log-probability
+    for hop in range(hops - 1):
+        scores = scores + chain.trans[hop][rows, paths[..., hop], paths[..., hop + 1]]
+    assert torch.allclose(scores, log_probs, rtol=1e-10, atol=1e-12)
+    assert all(len(set(map(tuple, row))) == 3 for row in paths.tolist())
+    assert torch.cat(found).any()  # some rows went through the pruned search

@@ -2,21 +2,17 @@
 retried on their dense factors, and those that underflow there too recomputed in log space; every answer against
 brute force."""
 
-from engine_oracle import (
-    EMISSION_GAPS,
-    HEADS,
-    HOPS,
-    ROUTES,
-    assert_map_paths_are_most_probable,
-    brute_force,
-    exact_path_posterior,
-    make_head,
-    random_obs,
-    routes_taken,
-)
+import oracle
 import torch
+from factories import EMISSION_GAPS, HEADS, HOPS, ROUTES, random_head, random_obs
 
 from pyro_multihop import engine
+
+
+def routes_taken(head, obs):
+    """The routes the chunks of ``obs`` took: ``"symbols"`` or ``"positions"``, ``"dense"`` (retried on their
+    dense factors), ``"log"`` (recomputed in log space)."""
+    return {piece.route for piece in engine.forward_backward_chunks(head.hop_factors(), obs)}
 
 
 @HEADS
@@ -29,12 +25,12 @@ def test_underflowing_rows_are_retried_on_dense_factors_then_in_log_space(kind, 
     the marginals and the predictive (which has no target to fail on, yet its messages underflow the same way)
     equal brute force."""
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = make_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0, emission_gap=emission_gap)
+    head = random_head(kind, hops, seed=20, sigma2=1e-3, scale=2.0, emission_gap=emission_gap)
     obs = random_obs(n=9, seed=21, masked=True)
     if hops > 1:
         assert "dense" in routes_taken(head, obs)
         assert ("log" in routes_taken(head, obs)) == (emission_gap is not None)
-    expected = brute_force(head, obs)
+    expected = oracle.brute_force(head, obs)
     log_likelihood = head.log_likelihood(obs)
     assert torch.isfinite(log_likelihood).all()
     assert torch.allclose(log_likelihood, expected["log_likelihood"], rtol=1e-10)
@@ -48,11 +44,11 @@ def test_long_underflowing_rows_are_retried_exactly(ratio, monkeypatch):
     sigma2 = 1e-3, padded: the likelihood, marginals, predictive and MAP paths against brute force over the
     400 paths of a row."""
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = make_head("chained", 2, seed=24, sigma2=1e-3, scale=2.0)
+    head = random_head("chained", 2, seed=24, sigma2=1e-3, scale=2.0)
     obs = random_obs(n=5, seed=25, masked=True, context=20)
     assert "dense" in routes_taken(head, obs)
-    expected = brute_force(head, obs)
+    expected = oracle.brute_force(head, obs)
     assert torch.allclose(head.log_likelihood(obs), expected["log_likelihood"], rtol=1e-10)
     assert torch.allclose(head.hop_marginals(obs), expected["hop_marginals"], atol=1e-10)
     assert torch.allclose(head.predict_proba(obs), expected["predictive"], atol=1e-10)
-    assert_map_paths_are_most_probable(head.map_paths(obs), exact_path_posterior(head, obs), 1e-9)
+    oracle.assert_map_paths_are_most_probable(head.map_paths(obs), oracle.exact_path_posterior(head, obs), 1e-9)

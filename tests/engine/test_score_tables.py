@@ -3,6 +3,7 @@ the gate formula written out in full, and the engine's likelihood on every readi
 
 import math
 
+import factories
 import oracle
 import pytest
 import torch
@@ -39,7 +40,7 @@ def random_symbols(shape, seed):
 
 
 def observations(n=5, seed=3, masked=False):
-    return oracle.random_observations(n, S, 4, N, seed, masked)
+    return factories.random_observations(n, S, 4, N, seed, masked)
 
 
 def _readings(tables, obs, whole_first):
@@ -128,7 +129,7 @@ READING_PATHS = pytest.mark.parametrize(
 @READING_PATHS
 def test_likelihood_and_gradient_on_every_reading_path_equal_brute_force(hops, ratio, budget, monkeypatch):
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = oracle.random_chained_head(hops, S, 4, seed=hops, sigma2=0.5)
+    head = factories.random_chained_head(hops, S, 4, seed=hops, sigma2=0.5)
     obs = observations(n=6, seed=10 + hops)
     parameters = [head.key_tables, head.emission_logits]
     log_likelihood = head.log_likelihood(obs, budget=budget)
@@ -144,11 +145,11 @@ def test_likelihood_and_gradient_on_every_reading_path_equal_brute_force(hops, r
 
 
 def test_the_chained_head_hands_the_engine_lazy_tables():
-    head = oracle.random_chained_head(2, S, 4)
-    tables = head.hop_gates().score_tables
+    head = factories.random_chained_head(2, S, 4)
+    tables = head.hop_factors().score_tables
     assert isinstance(tables, KeyTableScores)
     assert torch.allclose(tables.dense(), head.gate_score_tables(), rtol=1e-12, atol=1e-12)
-    assert oracle.random_chained_head(2, S, 4, max_distance=3).hop_gates().score_tables is None
+    assert factories.random_chained_head(2, S, 4, max_distance=3).hop_factors().score_tables is None
 
 
 def test_tables_formed_without_gradients_do_not_serve_a_differentiable_read():

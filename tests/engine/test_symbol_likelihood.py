@@ -3,6 +3,7 @@ forward recursion on the same transitions, and the rows that fail in probability
 
 import math
 
+import factories
 import oracle
 import pytest
 import torch
@@ -17,25 +18,25 @@ S, T, N = 6, 4, 5
 
 
 def inputs(hops, masked, seed, sigma2=0.5, scale=1.0):
-    head = oracle.random_chained_head(hops, S, T, seed=seed, sigma2=sigma2, scale=scale)
-    obs = oracle.random_observations(9, S, T, N, seed=seed + 1, masked=masked)
-    gates = head.hop_gates()
-    weights = gates.transition_weights
-    init = engine.hop_gates.first_hop_log_probs(gates.score_tables, obs).exp()
-    emission = shifted_emission(gates, obs)[0]
-    return head, gates, obs, init, emission, weights
+    head = factories.random_chained_head(hops, S, T, seed=seed, sigma2=sigma2, scale=scale)
+    obs = factories.random_observations(9, S, T, N, seed=seed + 1, masked=masked)
+    factors = head.hop_factors()
+    weights = factors.transition_weights
+    init = engine.hop_factors.first_hop_log_probs(factors.score_tables, obs).exp()
+    emission = shifted_emission(factors, obs)[0]
+    return head, factors, obs, init, emission, weights
 
 
 @pytest.mark.parametrize("hops", [2, 3])
 @pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
 def test_closed_form_gradient_equals_autograd_through_the_recursion(hops, masked):
-    head, gates, obs, init, emission, weights = inputs(hops, masked, seed=hops)
+    head, factors, obs, init, emission, weights = inputs(hops, masked, seed=hops)
     upstream = torch.rand(len(obs), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    total, ok = symbol_route_total(gates, obs, init, emission, weights)
+    total, ok = symbol_route_total(factors, obs, init, emission, weights)
     assert ok.all()
     got = torch.autograd.grad((total * upstream).sum(), list(head.parameters()))
-    same_head, gates, obs, init, emission, weights = inputs(hops, masked, seed=hops)
-    transitions = SymbolTransitions.build(gates, obs)  # differentiable: autograd through every product
+    same_head, factors, obs, init, emission, weights = inputs(hops, masked, seed=hops)
+    transitions = SymbolTransitions.build(factors, obs)  # differentiable: autograd through every product
     reference = (forward_messages(transitions, init, hops)[-1] * emission).sum(-1)
     want = torch.autograd.grad((reference * upstream).sum(), list(same_head.parameters()))
     assert torch.allclose(total, reference.detach(), rtol=1e-13, atol=0)
@@ -46,8 +47,8 @@ def test_closed_form_gradient_equals_autograd_through_the_recursion(hops, masked
 def test_rows_that_fail_in_probability_space_get_no_gradient_and_stay_finite():
     """sigma2 = 1e-3 with far-apart keys: some rows' normalisers underflow (ok is False); their total is discarded
     by the caller, so their gradient here is exactly 0, and nothing is NaN."""
-    head, gates, obs, init, emission, weights = inputs(3, True, seed=7, sigma2=1e-3, scale=3.0)
-    total, ok = symbol_route_total(gates, obs, init, emission, weights)
+    head, factors, obs, init, emission, weights = inputs(3, True, seed=7, sigma2=1e-3, scale=3.0)
+    total, ok = symbol_route_total(factors, obs, init, emission, weights)
     assert not ok.all()
     keep = torch.where(ok, total, torch.zeros_like(total))
     grads = torch.autograd.grad(keep.sum(), [init, emission] + list(weights), allow_unused=True)
@@ -70,12 +71,12 @@ def test_the_engine_takes_the_closed_form_from_its_threshold(hops, monkeypatch):
     calls = []
     total = symbol_likelihood.key_table_symbol_route_total
     monkeypatch.setattr(queries, "key_table_symbol_route_total", lambda *args: calls.append(1) or total(*args))
-    full = oracle.random_observations(9, S, T, N, seed=21, masked=False)
-    padded = oracle.random_observations(9, S, T, N, seed=22, masked=True)
+    full = factories.random_observations(9, S, T, N, seed=21, masked=False)
+    padded = factories.random_observations(9, S, T, N, seed=22, masked=True)
 
     def gradients(obs, sigma2, scale, threshold):
         monkeypatch.setattr(queries, "CLOSED_FORM_MIN_SYMBOLS", threshold)
-        head = oracle.random_chained_head(hops, S, T, seed=20 + hops, sigma2=sigma2, scale=scale)
+        head = factories.random_chained_head(hops, S, T, seed=20 + hops, sigma2=sigma2, scale=scale)
         parameters = [head.key_tables, head.emission_logits]
         return head, parameters, torch.autograd.grad(head.log_likelihood(obs).sum(), parameters)
 
@@ -97,10 +98,10 @@ def test_the_engine_takes_the_closed_form_from_its_threshold(hops, monkeypatch):
 
 @pytest.mark.parametrize("hops", [2, 3])
 def test_a_dense_score_table_takes_the_closed_form_on_its_weights(hops, monkeypatch):
-    """Gates given a dense ``(L, S, S)`` score table (batched gates, the tied head's table) take the closed form
+    """Factors given a dense ``(L, S, S)`` score table (batched factors, the tied head's table) take the closed form
     on the transition weights (spied); the gradient in the table equals autograd through the dense chain."""
     from pyro_multihop.engine import queries, symbol_likelihood
-    from pyro_multihop.engine.hop_gates import HopGates, chain_from_scores
+    from pyro_multihop.engine.hop_factors import HopFactors, chain_from_scores
     from pyro_multihop.engine.log_space import chain_log_likelihood
 
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
@@ -108,12 +109,12 @@ def test_a_dense_score_table_takes_the_closed_form_on_its_weights(hops, monkeypa
     calls = []
     total = symbol_likelihood.symbol_route_total
     monkeypatch.setattr(queries, "symbol_route_total", lambda *args: calls.append(1) or total(*args))
-    obs = oracle.random_observations(9, S, T, N, seed=31, masked=True)
+    obs = factories.random_observations(9, S, T, N, seed=31, masked=True)
     generator = torch.Generator().manual_seed(30 + hops)
     scores = torch.randn(hops, S, S, generator=generator, dtype=torch.float64, requires_grad=True)
     log_emission = torch.randn(S, T, generator=generator, dtype=torch.float64).log_softmax(-1)
-    gates = HopGates(log_emission, lambda chunk: chain_from_scores(scores, chunk), hops, scores=scores)
-    (got,) = torch.autograd.grad(queries.log_likelihood(gates, obs).sum(), scores)
+    factors = HopFactors(log_emission, lambda chunk: chain_from_scores(scores, chunk), hops, scores=scores)
+    (got,) = torch.autograd.grad(queries.log_likelihood(factors, obs).sum(), scores)
     assert len(calls) == 1
     reference = chain_log_likelihood(chain_from_scores(scores, obs), log_emission[obs.values, obs.target.unsqueeze(-1)])
     (want,) = torch.autograd.grad(reference.sum(), scores)
@@ -130,7 +131,7 @@ def test_in_float32_the_closed_form_is_as_close_to_float64_as_autograd(hops, mon
 
     monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
     symbols, targets = 5, 4
-    obs = oracle.random_observations(40, symbols, targets, 6, seed=61, masked=True)
+    obs = factories.random_observations(40, symbols, targets, 6, seed=61, masked=True)
     generator = torch.Generator().manual_seed(60)
     emission = torch.rand(symbols, targets, generator=generator, dtype=torch.float64).softmax(-1)
     tables = torch.randn(hops, symbols, symbols, generator=generator, dtype=torch.float64)

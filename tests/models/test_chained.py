@@ -6,6 +6,7 @@ import oracle
 import pyro
 import pytest
 import torch
+from factories import HOPS, MASKED, N, S, T, random_chained_head, random_obs
 from pyro import poutine
 from pyro.infer import TraceEnum_ELBO, infer_discrete
 
@@ -13,36 +14,11 @@ from pyro_multihop import ChainedAttention, Observations, chain_task
 from pyro_multihop.engine.log_space import chain_log_likelihood
 from pyro_multihop.models.base import attended_values
 
-S, T, N = 5, 4, 4
-
-
-def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64):
-    return oracle.random_chained_head(hops, S, T, seed, sigma2, dtype)
-
-
-def random_obs(n=6, seed=1, masked=False):
-    return oracle.random_observations(n, S, T, N, seed, masked)
-
-
-def brute_force(head, obs):
-    tables = oracle.onehot_path_tables(head, obs)
-    return oracle.summarise(tables, N, emission=head.emission.detach().double(), values=obs.values)
-
-
-def enumerated_loss(head, obs, **kwargs):
-    with pyro.get_param_store().scope():
-        return TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs, **kwargs)
-
-
-HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
-MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
-
-
 @HOPS
 @MASKED
 def test_log_likelihood_matches_brute_force(hops, masked):
-    head, obs = random_head(hops), random_obs(masked=masked)
-    expected = brute_force(head, obs)["log_likelihood"]
+    head, obs = random_chained_head(hops), random_obs(masked=masked)
+    expected = oracle.brute_force(head, obs)["log_likelihood"]
     actual = head.log_likelihood(obs)
     assert actual.dtype == torch.float64
     assert torch.allclose(actual, expected, rtol=1e-9, atol=0)
@@ -51,19 +27,19 @@ def test_log_likelihood_matches_brute_force(hops, masked):
 @HOPS
 @MASKED
 def test_enumerated_pyro_loss_is_exact_negative_log_likelihood(hops, masked):
-    head, obs = random_head(hops, seed=3), random_obs(seed=4, masked=masked)
-    expected = -brute_force(head, obs)["log_likelihood"].sum()
-    loss = enumerated_loss(head, obs).detach()
+    head, obs = random_chained_head(hops, seed=3), random_obs(seed=4, masked=masked)
+    expected = -oracle.brute_force(head, obs)["log_likelihood"].sum()
+    loss = oracle.enumerated_loss(head.model, head.guide, obs).detach()
     assert abs(float(loss) - float(expected)) <= 1e-9 * abs(float(expected))
 
 
 def test_subsampled_loss_is_scaled_to_full_data():
-    head, obs = random_head(2), random_obs(n=10)
+    head, obs = random_chained_head(2), random_obs(n=10)
     pyro.set_rng_seed(0)
     index = poutine.trace(head.model).get_trace(obs, subsample_size=4).nodes["observations"]["value"]
     pyro.set_rng_seed(0)
-    loss = enumerated_loss(head, obs, subsample_size=4).detach()
-    expected = -(10 / 4) * brute_force(head, obs[index])["log_likelihood"].sum()
+    loss = oracle.enumerated_loss(head.model, head.guide, obs, subsample_size=4).detach()
+    expected = -(10 / 4) * oracle.brute_force(head, obs[index])["log_likelihood"].sum()
     assert len(set(index.tolist())) == 4
     assert float(loss) == pytest.approx(float(expected), rel=1e-9)
 
@@ -71,8 +47,8 @@ def test_subsampled_loss_is_scaled_to_full_data():
 @HOPS
 @MASKED
 def test_predictive_matches_brute_force(hops, masked):
-    head, obs = random_head(hops, seed=5), random_obs(seed=6, masked=masked)
-    expected = brute_force(head, obs)["predictive"]
+    head, obs = random_chained_head(hops, seed=5), random_obs(seed=6, masked=masked)
+    expected = oracle.brute_force(head, obs)["predictive"]
     actual = head.predict_proba(obs.keys, obs.values, obs.query, obs.mask)
     assert torch.allclose(actual, expected, rtol=1e-9, atol=1e-12)
     assert torch.allclose(actual.sum(-1), torch.ones(len(obs), dtype=torch.float64))
@@ -81,8 +57,8 @@ def test_predictive_matches_brute_force(hops, masked):
 @HOPS
 @MASKED
 def test_hop_and_pairwise_marginals_match_brute_force(hops, masked):
-    head, obs = random_head(hops, seed=7), random_obs(seed=8, masked=masked)
-    expected = brute_force(head, obs)
+    head, obs = random_chained_head(hops, seed=7), random_obs(seed=8, masked=masked)
+    expected = oracle.brute_force(head, obs)
     posterior = head.posterior(obs, pairwise=True)
     assert posterior.hop_marginals.shape == (hops, len(obs), N)
     assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-12)
@@ -96,7 +72,7 @@ def test_hop_and_pairwise_marginals_match_brute_force(hops, masked):
 
 @HOPS
 def test_pyro_compute_marginals_agree_with_forward_backward(hops):
-    head, obs = random_head(hops, seed=9), random_obs(seed=10)
+    head, obs = random_chained_head(hops, seed=9), random_obs(seed=10)
     with pyro.get_param_store().scope():
         marginals = TraceEnum_ELBO(max_plate_nesting=1).compute_marginals(head.model, head.guide, obs)
     expected = head.hop_marginals(obs)
@@ -107,7 +83,7 @@ def test_pyro_compute_marginals_agree_with_forward_backward(hops):
 @HOPS
 @MASKED
 def test_map_paths_are_most_probable_paths(hops, masked):
-    head, obs = random_head(hops, seed=11, sigma2=0.3), random_obs(seed=12, masked=masked)
+    head, obs = random_chained_head(hops, seed=11, sigma2=0.3), random_obs(seed=12, masked=masked)
     tables = oracle.enumerate_paths(
         *oracle.onehot_vectors(head.key_tables, obs), head.sigma2, head.emission.detach().double(),
         obs.values, obs.target, obs.mask,
@@ -122,7 +98,7 @@ def test_map_paths_are_most_probable_paths(hops, masked):
 
 @HOPS
 def test_map_paths_agree_with_pyro_infer_discrete(hops):
-    head, obs = random_head(hops, seed=13, sigma2=0.3), random_obs(seed=14)
+    head, obs = random_chained_head(hops, seed=13, sigma2=0.3), random_obs(seed=14)
     with pyro.get_param_store().scope():
         decoded = infer_discrete(head.model, first_available_dim=-2, temperature=0)
         trace = poutine.trace(decoded).get_trace(obs)
@@ -132,7 +108,7 @@ def test_map_paths_agree_with_pyro_infer_discrete(hops):
 
 @HOPS
 def test_gradients_match_brute_force(hops):
-    head, obs = random_head(hops, seed=15), random_obs(n=3, seed=16)
+    head, obs = random_chained_head(hops, seed=15), random_obs(n=3, seed=16)
     eye = torch.eye(S, dtype=torch.float64)
 
     def brute(key_tables, emission):
@@ -146,14 +122,14 @@ def test_gradients_match_brute_force(hops):
     expected = torch.autograd.grad(brute(key_tables, emission_logits.softmax(-1)), [key_tables, emission_logits])
 
     fused = torch.autograd.grad(head.log_likelihood(obs).sum(), [head.key_tables, head.emission_logits])
-    enumerated = torch.autograd.grad(-enumerated_loss(head, obs), [head.key_tables, head.emission_logits])
+    enumerated = torch.autograd.grad(-oracle.enumerated_loss(head.model, head.guide, obs), [head.key_tables, head.emission_logits])
     for got in (fused, enumerated):
         for actual, wanted in zip(got, expected):
             assert torch.allclose(actual, wanted, rtol=1e-9, atol=1e-12)
 
 
 def test_one_hop_is_a_single_softmax_head_in_closed_form():
-    head, obs = random_head(1, seed=17), random_obs(seed=18)
+    head, obs = random_chained_head(1, seed=17), random_obs(seed=18)
     eye = torch.eye(S, dtype=torch.float64)
     distances = ((eye[obs.query][:, None, :] - head.key_tables.detach()[0][obs.keys]) ** 2).sum(-1)
     attention = torch.softmax(-distances / (2 * head.sigma2), dim=-1)
@@ -163,7 +139,7 @@ def test_one_hop_is_a_single_softmax_head_in_closed_form():
 
 
 def test_identity_structure_solves_the_transitive_chain():
-    obs = chain_task(400, hops=3, num_symbols=30, pairs=4, seed=3)
+    obs = chain_task(400, n_hops=3, num_symbols=30, pairs=4, seed=3)
     identity = ChainedAttention(3, 30, 30, sigma2=0.1, key_tables=torch.eye(30).expand(3, 30, 30), emission=torch.eye(30))
     two_hop = ChainedAttention(2, 30, 30, sigma2=0.1, key_tables=torch.eye(30).expand(2, 30, 30), emission=torch.eye(30))
     assert identity.evaluate(obs)["accuracy"] > 0.75
@@ -171,7 +147,7 @@ def test_identity_structure_solves_the_transitive_chain():
 
 
 def test_sampler_frequencies_agree_with_model_probabilities():
-    head = random_head(2, seed=19, sigma2=0.4, dtype=torch.float64)
+    head = random_chained_head(2, seed=19, sigma2=0.4, dtype=torch.float64)
     obs = head.sample(20000, context_len=3, seed=20)
     with torch.no_grad():
         predictive = head.predict_proba(obs)  # (n, T): p(target | this context)
@@ -191,7 +167,7 @@ def test_sampler_frequencies_agree_with_model_probabilities():
 
 def test_sampler_is_wrong_if_emission_is_ignored():
     """Control for the statistical test: targets drawn from another model are detected."""
-    head, other = random_head(2, seed=21, sigma2=0.4), random_head(2, seed=22, sigma2=0.4)
+    head, other = random_chained_head(2, seed=21, sigma2=0.4), random_chained_head(2, seed=22, sigma2=0.4)
     obs = other.sample(20000, context_len=3, seed=23)
     with torch.no_grad():
         predictive = head.predict_proba(obs)
@@ -223,18 +199,18 @@ def test_no_nan_for_small_sigma2_and_long_contexts(dtype):
     assert torch.isfinite(posterior.hop_marginals).all()
     assert torch.allclose(posterior.hop_marginals.sum(-1), torch.ones(3, n, dtype=dtype), atol=1e-4)
     assert torch.isfinite(head.predict_proba(obs)).all()
-    assert torch.isfinite(enumerated_loss(head, obs[:2]))
+    assert torch.isfinite(oracle.enumerated_loss(head.model, head.guide, obs[:2]))
 
 
 def test_float32_agrees_with_float64():
-    head, obs = random_head(2, seed=25), random_obs(seed=26)
+    head, obs = random_chained_head(2, seed=25), random_obs(seed=26)
     single = ChainedAttention(2, S, T, head.sigma2, key_tables=head.key_tables.detach().float(), emission=head.emission.detach().float())
     assert single.log_likelihood(obs).dtype == torch.float32
     assert torch.allclose(single.log_likelihood(obs).double(), head.log_likelihood(obs), atol=1e-5)
 
 
 def test_fused_log_likelihood_uses_the_models_hop_chain():
-    head, obs = random_head(2, seed=27), random_obs(seed=28)
+    head, obs = random_chained_head(2, seed=27), random_obs(seed=28)
     chain = head.hop_chain(obs)
     assert chain.init.shape == (len(obs), N) and chain.trans.shape == (1, len(obs), N, N)
     log_emission = head.emission.log()[obs.values, obs.target[:, None]]
@@ -247,7 +223,7 @@ def test_fused_log_likelihood_uses_the_models_hop_chain():
     [("keys", S), ("values", S + 2), ("query", S)],
 )
 def test_out_of_range_symbols_are_rejected_by_every_method(field, value):
-    head, obs = random_head(2), random_obs()
+    head, obs = random_chained_head(2), random_obs()
     tensors = {name: getattr(obs, name).clone() for name in ("keys", "values", "query", "target")}
     tensors[field].view(-1)[0] = value
     bad = Observations(**tensors)
@@ -257,11 +233,11 @@ def test_out_of_range_symbols_are_rejected_by_every_method(field, value):
     with pytest.raises(ValueError, match=field):
         head.predict_proba(bad.keys, bad.values, bad.query)
     with pytest.raises(ValueError, match=field):
-        enumerated_loss(head, bad)
+        oracle.enumerated_loss(head.model, head.guide, bad)
 
 
 def test_out_of_range_target_is_rejected():
-    head, obs = random_head(2), random_obs()
+    head, obs = random_chained_head(2), random_obs()
     bad = Observations(obs.keys, obs.values, obs.query, torch.full_like(obs.target, T))
     for method in (head.log_likelihood, head.posterior, head.map_paths):
         with pytest.raises(ValueError, match=rf"target must be < num_targets = {T}, got {T}"):
@@ -269,7 +245,7 @@ def test_out_of_range_target_is_rejected():
 
 
 def test_padding_symbols_are_ignored():
-    head, obs = random_head(2), random_obs(masked=True)
+    head, obs = random_chained_head(2), random_obs(masked=True)
     keys = obs.keys.clone()
     keys[~obs.mask] = -1
     assert torch.allclose(head.log_likelihood(Observations(keys, obs.values, obs.query, obs.target, obs.mask)), head.log_likelihood(obs))
@@ -317,7 +293,7 @@ def test_unknown_init_is_rejected():
 
 
 def test_methods_reject_non_observations():
-    head = random_head(2)
+    head = random_chained_head(2)
     with pytest.raises(TypeError, match="obs must be pyro_multihop.Observations, got tuple"):
         head.log_likelihood((1, 2, 3, 4))
 

@@ -9,6 +9,7 @@ from pyro.infer import Trace_ELBO, TraceEnum_ELBO
 
 from pyro_multihop import ChainedAttention, ChainedEM, FactAttention, FactObservations, fact_chain_task, fact_chain_truth
 from pyro_multihop.models.facts import PARAMETER_SHAPES, nearest_sharing
+from tests import factories
 from tests import facts_oracle as oracle
 from tests.oracle import chi_square_test, path_counts, path_entropy, path_posterior, sorted_paths
 
@@ -16,8 +17,8 @@ N, F, M, S, P = 4, 3, 3, 6, 4
 
 
 def _setting(L, padded=True, seed=0):
-    head = oracle.random_fact_head(L, F, S, P, seed=seed)
-    obs = oracle.random_fact_observations(3, N, F, M, S, seed=seed + 10, padded=padded)
+    head = factories.random_fact_head(L, F, S, P, seed=seed)
+    obs = factories.random_fact_observations(3, N, F, M, S, seed=seed + 10, padded=padded)
     return head, obs
 
 
@@ -77,8 +78,8 @@ def test_a_question_longer_than_max_question_len_shares_the_last_position():
     """P = 2 and questions of 4 tokens (two more): read, not refused; the tokens past the second share its
     ``question_position`` logit (the oracle's rule), so likelihood, gradients and the question-only MAP path equal
     the brute force."""
-    head = oracle.random_fact_head(2, F, S, 2, seed=4)
-    obs = oracle.random_fact_observations(3, N, F, 4, S, seed=14)
+    head = factories.random_fact_head(2, F, S, 2, seed=4)
+    obs = factories.random_fact_observations(3, N, F, 4, S, seed=14)
     params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
     tables, predictive = oracle.path_tables(head, obs, params)
     expected = oracle.log_likelihood(tables)
@@ -124,7 +125,7 @@ def test_pyro_models_give_the_exact_loss(L):
 
 
 def test_nearest_sharing_by_brute_force():
-    obs = oracle.random_fact_observations(6, 7, 3, 2, 3, seed=2)
+    obs = factories.random_fact_observations(6, 7, 3, 2, 3, seed=2)
     nearest = nearest_sharing(obs.facts, obs.real_fields())
     real_positions = obs.full_mask()
     for row in range(len(obs)):
@@ -144,9 +145,7 @@ def test_chained_attention_is_a_special_case(L):
     S2 = 5
     chained = ChainedAttention(L, S2, S2, sigma2=0.7, key_tables=torch.randn(L, S2, S2, dtype=torch.float64),
                                emission=torch.rand(S2, S2, dtype=torch.float64).softmax(-1))
-    from tests.oracle import random_observations
-
-    obs = random_observations(4, S2, S2, 4, seed=L, masked=True)
+    obs = factories.random_observations(4, S2, S2, 4, seed=L, masked=True)
     scores = chained.gate_score_tables()  # (L, S, S), differentiable in the key tables
     question_tables = torch.zeros(L, 2, S2, S2, dtype=torch.float64)
     question_tables[0, 0] = scores[0].detach()
@@ -171,19 +170,29 @@ def test_chained_attention_is_a_special_case(L):
 
 
 def test_the_generating_structure_answers_the_simulator():
-    truth = fact_chain_truth(hops=2, dtype=torch.float64)
+    truth = fact_chain_truth(n_hops=2, dtype=torch.float64)
     test = fact_chain_task(200, entities="test", seed=1)
     assert truth.evaluate(test)["accuracy"] == 1.0
     assert torch.equal(truth.map_paths(test), test.supporting)
 
 
+def test_the_generating_structure_takes_the_old_hops_keyword_with_a_warning():
+    """``hops=`` (renamed ``n_hops``) is kept for one release: it warns, naming ``n_hops``; the same head."""
+    with pytest.warns(DeprecationWarning, match=r"fact_chain_truth\(hops=...\) is deprecated; use fact_chain_truth\(n_hops"):
+        old = fact_chain_truth(hops=3, dtype=torch.float64)
+    new = fact_chain_truth(3, dtype=torch.float64)
+    assert old.n_hops == new.n_hops == 3
+    for name, value in new.state_dict().items():
+        assert torch.equal(old.state_dict()[name], value), name
+
+
 def test_bad_input():
     head = FactAttention(2, 3, 10, max_question_len=2)
-    obs = oracle.random_fact_observations(2, 4, 3, 2, 10, seed=0)
+    obs = factories.random_fact_observations(2, 4, 3, 2, 10, seed=0)
     with pytest.raises(TypeError, match="obs must be pyro_multihop.FactObservations"):
         head.log_likelihood(obs.facts)
     with pytest.raises(ValueError, match="num_fields = 3"):
-        head.log_likelihood(oracle.random_fact_observations(2, 4, 2, 2, 10))
+        head.log_likelihood(factories.random_fact_observations(2, 4, 2, 2, 10))
     with pytest.raises(ValueError, match="facts must be < num_symbols = 5"):
         FactAttention(2, 3, 5, max_question_len=2).log_likelihood(obs)
     with pytest.raises(ValueError, match="init names unknown parameters"):
@@ -204,7 +213,7 @@ def test_em_refuses_and_says_why():
     head = FactAttention(2, 3, 10)
     em = ChainedEM(n_hops=2, num_symbols=10, num_targets=10)
     with pytest.raises(TypeError, match="no closed-form EM.*softmax normaliser"):
-        em.fit(oracle.random_fact_observations(2, 4, 3, 2, 10))
+        em.fit(factories.random_fact_observations(2, 4, 3, 2, 10))
     with pytest.raises(TypeError, match="no closed-form EM"):
         em.fit(fact_chain_task(10), init=head)
 
@@ -264,8 +273,8 @@ def test_checkpoint_and_resume(tmp_path):
 def test_both_pair_routes(symbols, by_rows):
     """Both routes of pair_term, likelihood and gradients against brute force: a flat gather per field pair
     (large vocabularies), row lookups (``2 (S + 1) <= F N``)."""
-    head = oracle.random_fact_head(2, F, symbols, P, seed=8)
-    obs = oracle.random_fact_observations(2, N, F, M, symbols, seed=9)
+    head = factories.random_fact_head(2, F, symbols, P, seed=8)
+    obs = factories.random_fact_observations(2, N, F, M, symbols, seed=9)
     assert head._chunk(obs).by_rows == by_rows
     params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
     tables, _ = oracle.path_tables(head, obs, params)
@@ -283,7 +292,7 @@ def test_the_collapsed_distribution_scores_any_target():
     from pyro_multihop import CollapsedHopChain
 
     head, obs = _setting(2, seed=4)
-    distribution = CollapsedHopChain(head.hop_gates(), obs)
+    distribution = CollapsedHopChain(head.hop_factors(), obs)
     other = (obs.target + 1) % S
     assert torch.allclose(distribution.log_prob(other), head.log_likelihood(obs.with_target(other)), atol=1e-12)
     assert not torch.allclose(distribution.log_prob(other), distribution.log_prob(obs.target))

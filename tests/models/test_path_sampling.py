@@ -8,20 +8,12 @@ import oracle
 import pyro
 import pytest
 import torch
+from factories import HOPS, MASKED, N, random_chained_head, random_obs
 from pyro import poutine
 from pyro.infer import infer_discrete
 
 from pyro_multihop import ChainedAttention, Observations
 from pyro_multihop.engine.log_space import chain_entropy, chain_k_best, chain_sample_paths, chain_sample_posterior
-
-S, T, N = 5, 4, 4
-HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
-MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
-
-
-def random_head(hops, seed=0, sigma2=0.6, dtype=torch.float64):
-    return oracle.random_chained_head(hops, S, T, seed, sigma2, dtype)
-
 
 def log_emission_of(head, obs):
     """``(n, N)`` log emission of each observation's target from each position's value."""
@@ -29,7 +21,7 @@ def log_emission_of(head, obs):
 
 
 def exact_log_joints(head, obs):
-    tables = oracle.onehot_path_tables(head, obs)
+    tables = oracle.head_path_tables(head, obs)
     return [oracle.log_joints_of(table) for table in tables]
 
 
@@ -44,7 +36,7 @@ def repeated(obs, copies):
 @HOPS
 @MASKED
 def test_entropy_and_k_best_of_the_heads_chain_match_brute_force(hops, masked):
-    head, obs = random_head(hops, seed=1), oracle.random_observations(5, S, T, N, seed=2, masked=masked)
+    head, obs = random_chained_head(hops, seed=1), random_obs(5, seed=2, masked=masked)
     with torch.no_grad():
         chain, log_emission = head.hop_chain(obs), log_emission_of(head, obs)
     tables = exact_log_joints(head, obs)
@@ -67,7 +59,7 @@ def test_entropy_and_k_best_of_the_heads_chain_match_brute_force(hops, masked):
 @HOPS
 @MASKED
 def test_infer_discrete_and_posterior_sampling_draw_from_the_exact_path_posterior(hops, masked):
-    head, obs = random_head(hops, seed=3, sigma2=0.4), oracle.random_observations(3, S, T, N, seed=4, masked=masked)
+    head, obs = random_chained_head(hops, seed=3, sigma2=0.4), random_obs(3, seed=4, masked=masked)
     exact = [oracle.path_posterior(table) for table in exact_log_joints(head, obs)]
     copies = 4000
     many = repeated(obs, copies)

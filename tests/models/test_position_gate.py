@@ -4,57 +4,22 @@ import oracle
 import pyro
 import pytest
 import torch
+from factories import (
+    HOPS,
+    MASKED,
+    MAX_DISTANCE,
+    POSITION_GATE_N,
+    S,
+    T,
+    random_position_gate_head,
+    random_position_gate_obs,
+)
 from pyro.infer import TraceEnum_ELBO, infer_discrete
 
 from pyro_multihop import ChainedAttention, ChainedEM, Observations
 from pyro_multihop.train import fit_svi
 
-S, T, N, D = 5, 4, 5, 2  # N - 1 = 4 > D: ages and offsets are clipped in these tests
-
-HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
-MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
-
-
-def random_head(hops, seed=0, sigma2=0.6):
-    generator = torch.Generator().manual_seed(seed)
-    head = ChainedAttention(
-        hops,
-        S,
-        T,
-        sigma2=sigma2,
-        key_tables=torch.randn(hops, S, S, generator=generator, dtype=torch.float64),
-        emission=torch.rand(S, T, generator=generator, dtype=torch.float64).softmax(-1),
-        max_distance=D,
-    )
-    with torch.no_grad():
-        head.age_slopes.copy_(2 * torch.randn(head.age_slopes.shape, generator=generator, dtype=torch.float64))
-        head.offset_slopes.copy_(2 * torch.randn(head.offset_slopes.shape, generator=generator, dtype=torch.float64))
-        head.direction_logits.copy_(2 * torch.randn(head.direction_logits.shape, generator=generator, dtype=torch.float64))
-    return head
-
-
-def random_obs(n=5, seed=1, masked=False):
-    return oracle.random_observations(n, S, T, N, seed, masked)
-
-
-def position_term(head, obs):
-    return oracle.position_logit(
-        head.age_slopes.detach(), head.offset_slopes.detach(), head.max_distance, head.direction_logits.detach(), obs.values
-    )
-
-
-def brute_force(head, obs):
-    emission = head.emission.detach().double()
-    tables = oracle.enumerate_paths(
-        *oracle.onehot_vectors(head.key_tables, obs), head.sigma2, emission, obs.values, obs.target, obs.mask,
-        position_logit=position_term(head, obs),
-    )
-    return tables, oracle.summarise(tables, N, emission=emission, values=obs.values)
-
-
-def enumerated_loss(head, obs):
-    with pyro.get_param_store().scope():
-        return TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)
+N, D = POSITION_GATE_N, MAX_DISTANCE  # N - 1 = 4 > D: ages and offsets are clipped in these tests
 
 
 def test_default_head_has_no_position_terms_and_zero_terms_change_nothing():
@@ -64,7 +29,7 @@ def test_default_head_has_no_position_terms_and_zero_terms_change_nothing():
     assert "max_distance" not in plain.config()
     positional = ChainedAttention(2, S, T, seed=0, init="random", max_distance=D)
     positional.load_state_dict(plain.state_dict(), strict=False)
-    obs = random_obs(n=8, seed=3, masked=True)
+    obs = random_position_gate_obs(n=8, seed=3, masked=True)
     # Zero age/offset logits add exact zeros: the same dense factors bit for bit. (The plain head's queries take
     # the engine's symbol route, the positional head's its dense factors: equal to rounding.)
     plain_chain, positional_chain = plain.hop_chain(obs), positional.hop_chain(obs)
@@ -76,8 +41,8 @@ def test_default_head_has_no_position_terms_and_zero_terms_change_nothing():
 @HOPS
 @MASKED
 def test_log_likelihood_and_marginals_match_brute_force(hops, masked):
-    head, obs = random_head(hops, seed=hops), random_obs(seed=10 + hops, masked=masked)
-    _, expected = brute_force(head, obs)
+    head, obs = random_position_gate_head(hops, seed=hops), random_position_gate_obs(seed=10 + hops, masked=masked)
+    expected = oracle.brute_force(head, obs)
     posterior = head.posterior(obs, pairwise=True)
     assert torch.allclose(head.log_likelihood(obs), expected["log_likelihood"], rtol=1e-9, atol=0)
     assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-12)
@@ -89,8 +54,8 @@ def test_log_likelihood_and_marginals_match_brute_force(hops, masked):
 @HOPS
 @MASKED
 def test_map_paths_are_most_probable_paths(hops, masked):
-    head, obs = random_head(hops, seed=20 + hops, sigma2=0.3), random_obs(seed=30 + hops, masked=masked)
-    tables, _ = brute_force(head, obs)
+    head, obs = random_position_gate_head(hops, seed=20 + hops, sigma2=0.3), random_position_gate_obs(seed=30 + hops, masked=masked)
+    tables = oracle.head_path_tables(head, obs)
     paths = head.map_paths(obs)
     for row, table in enumerate(tables):
         best = max(joint for _, joint in table.values())
@@ -100,19 +65,19 @@ def test_map_paths_are_most_probable_paths(hops, masked):
 @HOPS
 @MASKED
 def test_enumerated_pyro_loss_is_brute_force_negative_log_likelihood(hops, masked):
-    head, obs = random_head(hops, seed=40 + hops), random_obs(seed=50 + hops, masked=masked)
-    _, expected = brute_force(head, obs)
-    loss = enumerated_loss(head, obs).detach()
+    head, obs = random_position_gate_head(hops, seed=40 + hops), random_position_gate_obs(seed=50 + hops, masked=masked)
+    expected = oracle.brute_force(head, obs)
+    loss = oracle.enumerated_loss(head.model, head.guide, obs).detach()
     assert abs(float(loss) + float(expected["log_likelihood"].sum())) <= 1e-9 * abs(float(loss))
 
 
 @HOPS
 def test_gradients_match_brute_force_autograd(hops):
-    head, obs = random_head(hops, seed=60 + hops), random_obs(n=3, seed=70 + hops)
+    head, obs = random_position_gate_head(hops, seed=60 + hops), random_position_gate_obs(n=3, seed=70 + hops)
     params = [head.key_tables, head.emission_logits, head.age_slopes, head.offset_slopes, head.direction_logits]
     # The library's fused loss and the enumerated Pyro loss, against autograd through explicit path sums.
     fused = torch.autograd.grad(-head.log_likelihood(obs).sum(), params, allow_unused=True)
-    pyro_grads = torch.autograd.grad(enumerated_loss(head, obs), params, allow_unused=True)
+    pyro_grads = torch.autograd.grad(oracle.enumerated_loss(head.model, head.guide, obs), params, allow_unused=True)
 
     key_tables = head.key_tables.detach().clone().requires_grad_()
     emission_logits = head.emission_logits.detach().clone().requires_grad_()
@@ -137,7 +102,7 @@ def test_gradients_match_brute_force_autograd(hops):
 
 @pytest.mark.parametrize("hops", [2, 3], ids=lambda h: f"L={h}")
 def test_pyro_marginals_and_infer_discrete_agree(hops):
-    head, obs = random_head(hops, seed=80 + hops, sigma2=0.3), random_obs(seed=90 + hops, masked=True)
+    head, obs = random_position_gate_head(hops, seed=80 + hops, sigma2=0.3), random_position_gate_obs(seed=90 + hops, masked=True)
     with pyro.get_param_store().scope():
         marginals = TraceEnum_ELBO(max_plate_nesting=1).compute_marginals(head.model, head.guide, obs)
         decoded = infer_discrete(head.model, first_available_dim=-2, temperature=0)
@@ -150,12 +115,12 @@ def test_pyro_marginals_and_infer_discrete_agree(hops):
 
 
 def test_chained_em_refuses_position_terms():
-    head = random_head(2)
+    head = random_position_gate_head(2)
     em = ChainedEM(2, S, T, sigma2=head.sigma2)
     with pytest.raises(ValueError, match="max_distance"):
-        em.e_step(head, random_obs())
+        em.e_step(head, random_position_gate_obs())
     with pytest.raises(ValueError, match="max_distance"):
-        em.fit(random_obs(), init=head, max_iters=2)
+        em.fit(random_position_gate_obs(), init=head, max_iters=2)
 
 
 def test_bad_max_distance_is_rejected():

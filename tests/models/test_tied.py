@@ -11,8 +11,8 @@ import oracle
 import pyro
 import pytest
 import torch
+from factories import HOPS, MASKED, D, N, S, T, random_obs, random_tied_head
 from pyro import poutine
-from pyro.infer import TraceEnum_ELBO
 
 from pyro_multihop import ChainedAttention, ChainedEM, Observations, transitive_task
 from pyro_multihop.diagnostics import DiagnosticWarning, PosteriorCollapseWarning, diagnose_fit
@@ -20,64 +20,14 @@ from pyro_multihop.guides import Constant, LinearAnnealing
 from pyro_multihop.models.tied import TiedEmbeddingAttention, squared_distances
 from pyro_multihop.train import fit_svi, svi_settings
 
-S, D, T, N = 5, 3, 4, 4
 ROOT = Path(__file__).resolve().parents[2]
-
-
-
-
-def random_head(hops=2, seed=0, sigma2=0.6, dtype=torch.float64, **kwargs):
-    generator = torch.Generator().manual_seed(seed)
-    return TiedEmbeddingAttention(
-        S,
-        D,
-        T,
-        hops,
-        sigma2,
-        loc=torch.randn(S, D, generator=generator, dtype=dtype),
-        scale=0.2 + torch.rand(S, D, generator=generator, dtype=dtype),
-        emission=torch.rand(S, T, generator=generator, dtype=dtype).softmax(-1),
-        **kwargs,
-    )
-
-
-def random_obs(n=6, seed=1, masked=False):
-    return oracle.random_observations(n, S, T, N, seed, masked)
-
-
-def tied_vectors(embeddings, obs, hops):
-    """Oracle inputs of the tied head: the query's, every key's and every value's embedding."""
-    return embeddings[obs.query], [embeddings[obs.keys]] * hops, embeddings[obs.values]
-
-
-def plug_in_embeddings(head):
-    """Vectors whose squared distances are the plug-in table: the means, and for ``plug_in="expected"`` one
-    more dimension per symbol holding ``sqrt(sum_d scale_sd^2)`` (so that ``s != t`` adds both variances)."""
-    loc, scale = head.embeddings()
-    if head.plug_in == "mean":
-        return loc
-    return torch.cat([loc, torch.diag(scale.pow(2).sum(-1).sqrt())], -1)
-
-
-def brute_force(head, obs, embeddings=None):
-    embeddings = plug_in_embeddings(head) if embeddings is None else embeddings
-    emission = head.emission.detach().double()
-    tables = oracle.enumerate_paths(
-        *tied_vectors(embeddings.double(), obs, head.n_hops), head.sigma2, emission, obs.values, obs.target, obs.mask
-    )
-    return oracle.summarise(tables, N, emission=emission, values=obs.values)
 
 
 def oracle_log_likelihood(head, obs, embeddings):
     """Differentiable brute-force sum of log-likelihoods at ``embeddings`` (no mask)."""
     return oracle.log_likelihood_autograd(
-        *tied_vectors(embeddings, obs, head.n_hops), head.sigma2, head.emission, obs.values, obs.target
+        *oracle.embedding_vectors(embeddings, obs, head.n_hops), head.sigma2, head.emission, obs.values, obs.target
     ).sum()
-
-
-def enumerated_loss(model, guide, obs, **kwargs):
-    with pyro.get_param_store().scope():
-        return TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(model, guide, obs, **kwargs)
 
 
 def guide_at(head, value, **kwargs):
@@ -87,8 +37,6 @@ def guide_at(head, value, **kwargs):
     return poutine.replay(head.guide, trace=trace)
 
 
-HOPS = pytest.mark.parametrize("hops", [1, 2, 3], ids=lambda h: f"L={h}")
-MASKED = pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
 PLUG_IN = pytest.mark.parametrize("plug_in", ["expected", "mean"])
 WEIGHTS = pytest.mark.parametrize("weight", [0.0, 0.3, 1.0], ids=lambda w: f"w={w}")
 
@@ -98,8 +46,8 @@ WEIGHTS = pytest.mark.parametrize("weight", [0.0, 0.3, 1.0], ids=lambda w: f"w={
 @MASKED
 @PLUG_IN
 def test_log_likelihood_matches_brute_force(hops, masked, plug_in):
-    head, obs = random_head(hops, plug_in=plug_in), random_obs(masked=masked)
-    expected = brute_force(head, obs)["log_likelihood"]
+    head, obs = random_tied_head(hops, plug_in=plug_in), random_obs(masked=masked)
+    expected = oracle.brute_force(head, obs)["log_likelihood"]
     actual = head.log_likelihood(obs)
     assert actual.dtype == torch.float64
     assert torch.allclose(actual, expected, rtol=1e-10, atol=0)
@@ -109,8 +57,8 @@ def test_log_likelihood_matches_brute_force(hops, masked, plug_in):
 @MASKED
 @PLUG_IN
 def test_plug_in_predictive_and_posterior_match_brute_force(hops, masked, plug_in):
-    head, obs = random_head(hops, seed=2, plug_in=plug_in), random_obs(seed=3, masked=masked)
-    expected = brute_force(head, obs)
+    head, obs = random_tied_head(hops, seed=2, plug_in=plug_in), random_obs(seed=3, masked=masked)
+    expected = oracle.brute_force(head, obs)
     assert torch.allclose(head.predict_proba(obs.keys, obs.values, obs.query, obs.mask), expected["predictive"],
                           rtol=1e-10, atol=1e-13)
     posterior = head.posterior(obs, pairwise=True)
@@ -123,16 +71,16 @@ def test_plug_in_predictive_and_posterior_match_brute_force(hops, masked, plug_i
 
 @HOPS
 def test_monte_carlo_predictive_averages_the_predictive_over_posterior_draws(hops):
-    head, obs = random_head(hops, seed=4), random_obs(seed=5)
+    head, obs = random_tied_head(hops, seed=4), random_obs(seed=5)
     draws = head.sample_embeddings(3, seed=7)
-    expected = sum(brute_force(head, obs, draw)["predictive"] for draw in draws) / 3
+    expected = sum(oracle.brute_force(head, obs, draw)["predictive"] for draw in draws) / 3
     actual = head.predict_proba(obs, num_samples=3, seed=7)
     assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-13)
     assert not torch.allclose(actual, head.predict_proba(obs), atol=1e-3)  # the draws matter
 
 
 def test_posterior_draws_are_loc_plus_scale_times_standard_normal():
-    head = random_head(seed=6)
+    head = random_tied_head(seed=6)
     draws = head.sample_embeddings(4, seed=11)
     noise = torch.randn((4, S, D), generator=torch.Generator().manual_seed(11), dtype=torch.float64)
     mean, scale = head.embeddings()
@@ -145,13 +93,13 @@ def test_posterior_draws_are_loc_plus_scale_times_standard_normal():
 @WEIGHTS
 def test_annealed_loss_at_a_fixed_draw_is_loglik_plus_weighted_log_density_ratio(hops, weight):
     """One draw e fixed: loss = -(log p(targets | e) + w (log p(e) - log q(e))); hop sites and target unscaled."""
-    head, obs = random_head(hops, seed=8), random_obs(seed=9)
+    head, obs = random_tied_head(hops, seed=8), random_obs(seed=9)
     value = head.sample_embeddings(1, seed=12)[0]
-    loss = enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs, kl_weight=weight)
+    loss = oracle.enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs, kl_weight=weight)
     mean, scale = head.embeddings()
     log_prior = torch.distributions.Normal(0.0, 1.0).log_prob(value).sum()
     log_q = torch.distributions.Normal(mean, scale).log_prob(value).sum()
-    expected = -(brute_force(head, obs, value)["log_likelihood"].sum() + weight * (log_prior - log_q))
+    expected = -(oracle.brute_force(head, obs, value)["log_likelihood"].sum() + weight * (log_prior - log_q))
     assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-12, abs=1e-12)
 
 
@@ -162,13 +110,13 @@ def test_annealed_elbo_is_expected_loglik_minus_weight_times_analytic_kl(hops, w
     log q(e) - log p(e) = sum(-eps^2/2 - log s + (m + s eps)^2/2) is sum(-log s + (m^2 + s^2 - 1)/2), the
     analytic KL, because that difference is quadratic in eps and the two points have the first two moments
     of Normal(0, 1). So the averaged loss is -(averaged log-likelihood) + w * kl_divergence(q, p), exactly."""
-    head, obs = random_head(hops, seed=10), random_obs(seed=11)
+    head, obs = random_tied_head(hops, seed=10), random_obs(seed=11)
     mean, scale = head.embeddings()
     losses, log_likelihoods = [], []
     for sign in (1.0, -1.0):
         value = mean + sign * scale
-        losses.append(enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs, kl_weight=weight))
-        log_likelihoods.append(brute_force(head, obs, value)["log_likelihood"].sum())
+        losses.append(oracle.enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs, kl_weight=weight))
+        log_likelihoods.append(oracle.brute_force(head, obs, value)["log_likelihood"].sum())
     kl = torch.distributions.kl_divergence(torch.distributions.Normal(mean, scale),
                                            torch.distributions.Normal(0.0, 1.0)).sum()
     annealed_elbo = -(losses[0] + losses[1]).detach() / 2
@@ -178,31 +126,31 @@ def test_annealed_elbo_is_expected_loglik_minus_weight_times_analytic_kl(hops, w
 
 
 def test_subsampling_scales_the_likelihood_and_not_the_kl():
-    head, obs = random_head(2, seed=12), random_obs(n=10, seed=13)
+    head, obs = random_tied_head(2, seed=12), random_obs(n=10, seed=13)
     value = head.sample_embeddings(1, seed=13)[0]
     pyro.set_rng_seed(3)
     index = poutine.trace(head.model).get_trace(obs, subsample_size=4).nodes["observations"]["value"]
     losses = {}
     for weight in (0.0, 0.5):
         pyro.set_rng_seed(3)
-        losses[weight] = enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs,
+        losses[weight] = oracle.enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs,
                                          subsample_size=4, kl_weight=weight).detach()
     mean, scale = head.embeddings()
     log_ratio = (torch.distributions.Normal(mean, scale).log_prob(value)
                  - torch.distributions.Normal(0.0, 1.0).log_prob(value)).sum()
     assert len(set(index.tolist())) == 4
-    assert float(losses[0.0]) == pytest.approx(-(10 / 4) * float(brute_force(head, obs[index], value)["log_likelihood"].sum()), rel=1e-12)
+    assert float(losses[0.0]) == pytest.approx(-(10 / 4) * float(oracle.brute_force(head, obs[index], value)["log_likelihood"].sum()), rel=1e-12)
     assert float(losses[0.5] - losses[0.0]) == pytest.approx(0.5 * float(log_ratio), rel=1e-10)
 
 
 @WEIGHTS
 def test_reparameterised_gradients_match_brute_force(weight):
-    head, obs = random_head(2, seed=14), random_obs(n=3, seed=15)
+    head, obs = random_tied_head(2, seed=14), random_obs(n=3, seed=15)
     noise = torch.randn(S, D, generator=torch.Generator().manual_seed(16), dtype=torch.float64)
     parameters = [head.guide.loc, head.guide.scale_unconstrained, head.emission_logits]
 
     value = head.guide.loc + head.guide.scale * noise  # a function of the guide's parameters
-    loss = enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs, kl_weight=weight)
+    loss = oracle.enumerated_loss(head.model, guide_at(head, value, kl_weight=weight), obs, kl_weight=weight)
     actual = torch.autograd.grad(loss, parameters)
 
     loc, scale = head.guide.loc, head.guide.scale
@@ -217,7 +165,7 @@ def test_reparameterised_gradients_match_brute_force(weight):
 
 # -- the Pyro sites --------------------------------------------------------------------------------------
 def test_guide_holds_only_the_embeddings_and_the_kl_weight_touches_only_that_site():
-    head, obs = random_head(2, seed=17), random_obs(seed=18)
+    head, obs = random_tied_head(2, seed=17), random_obs(seed=18)
     guide_trace = poutine.trace(head.guide).get_trace(obs, kl_weight=0.3)
     assert [name for name, site in guide_trace.nodes.items() if site["type"] == "sample"] == ["embeddings"]
     model_trace = poutine.trace(poutine.replay(head.model, trace=guide_trace)).get_trace(obs, kl_weight=0.3)
@@ -231,7 +179,7 @@ def test_guide_holds_only_the_embeddings_and_the_kl_weight_touches_only_that_sit
 
 
 def test_module_parameters_include_the_guide():
-    head = random_head()
+    head = random_tied_head()
     names = {name for name, _ in head.named_parameters()}
     assert names == {"guide.loc", "guide.scale_unconstrained", "emission_logits"}
 
@@ -260,7 +208,7 @@ def test_svi_kwargs_follow_the_schedule_and_defaults_are_the_measured_settings()
 
 
 def test_config_is_json_and_rebuilds_the_head():
-    head, obs = random_head(3, seed=19, annealing=LinearAnnealing(0.2, 50), plug_in="mean"), random_obs(seed=20)
+    head, obs = random_tied_head(3, seed=19, annealing=LinearAnnealing(0.2, 50), plug_in="mean"), random_obs(seed=20)
     config = json.loads(json.dumps(head.config()))
     rebuilt = TiedEmbeddingAttention(**config).double()
     rebuilt.load_state_dict(head.state_dict())
@@ -272,7 +220,7 @@ def test_config_is_json_and_rebuilds_the_head():
 def test_checkpoint_round_trip_restores_the_posterior(tmp_path):
     from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
 
-    head, obs = random_head(2, seed=31, annealing=Constant(0.4)), random_obs(seed=32)
+    head, obs = random_tied_head(2, seed=31, annealing=Constant(0.4)), random_obs(seed=32)
     save_checkpoint(tmp_path / "tied.pt", head)
     loaded, _ = load_checkpoint(tmp_path / "tied.pt")
     assert isinstance(loaded, TiedEmbeddingAttention) and loaded.annealing == Constant(0.4)
@@ -306,7 +254,7 @@ def test_long_contexts_never_build_an_n_N_N_D_tensor():
     head = TiedEmbeddingAttention(symbols, dim, symbols, n_hops=3, sigma2=0.3, init_loc_scale=1.0, seed=0)
     sizes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-        loss = enumerated_loss(head.model, head.guide, obs)
+        loss = oracle.enumerated_loss(head.model, head.guide, obs)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(head.guide.loc.grad).all()
     # Largest: the (S, S) distances and the enumerated (L, n, N, N) factors.
@@ -326,19 +274,19 @@ def test_no_nan_for_small_sigma2(dtype):
     assert log_likelihood.dtype == dtype and torch.isfinite(log_likelihood).all()
     (gradient,) = torch.autograd.grad(log_likelihood.sum(), [head.guide.loc])
     assert torch.isfinite(gradient).all()
-    loss = enumerated_loss(head.model, head.guide, obs, kl_weight=0.3)
+    loss = oracle.enumerated_loss(head.model, head.guide, obs, kl_weight=0.3)
     (gradient,) = torch.autograd.grad(loss, [head.guide.scale_unconstrained])
     assert torch.isfinite(loss.detach()) and torch.isfinite(gradient).all()
     assert torch.isfinite(head.predict_proba(obs, num_samples=2, seed=0)).all()
 
 
 def test_small_sigma2_matches_brute_force():
-    head, obs = random_head(2, seed=24, sigma2=1e-3), random_obs(seed=25)
-    assert torch.allclose(head.log_likelihood(obs), brute_force(head, obs)["log_likelihood"], rtol=1e-9)
+    head, obs = random_tied_head(2, seed=24, sigma2=1e-3), random_obs(seed=25)
+    assert torch.allclose(head.log_likelihood(obs), oracle.brute_force(head, obs)["log_likelihood"], rtol=1e-9)
 
 
 def test_gate_chain_is_shared_by_every_hop():
-    head, obs = random_head(3, seed=26), random_obs(seed=27)
+    head, obs = random_tied_head(3, seed=26), random_obs(seed=27)
     chain = head.hop_chain(obs)
     assert chain.trans.shape == (2, len(obs), N, N) and torch.equal(chain.trans[0], chain.trans[1])
     assert torch.allclose(chain.init.exp().sum(-1), torch.ones(len(obs), dtype=torch.float64))
@@ -346,7 +294,7 @@ def test_gate_chain_is_shared_by_every_hop():
 
 # -- sampling --------------------------------------------------------------------------------------------
 def test_sampler_with_the_plug_in_table_follows_the_predictive():
-    head = random_head(2, seed=28, sigma2=0.4)
+    head = random_tied_head(2, seed=28, sigma2=0.4)
     obs = head.sample(20000, context_len=3, seed=29, embeddings="plug_in")
     with torch.no_grad():
         predictive = head.predict_proba(obs)
@@ -360,7 +308,7 @@ def test_sampler_with_the_plug_in_table_follows_the_predictive():
 
 def test_sampler_draws_the_embeddings_from_the_posterior():
     """With a wide posterior, targets drawn with one posterior draw disagree with the plug-in predictive."""
-    narrow = random_head(2, seed=30, sigma2=0.4)
+    narrow = random_tied_head(2, seed=30, sigma2=0.4)
     head = TiedEmbeddingAttention(S, D, T, 2, 0.4, loc=narrow.embeddings()[0], scale=torch.full((S, D), 2.0),
                                   emission=narrow.emission.detach())
     obs = head.sample(20000, context_len=3, seed=31)
@@ -404,15 +352,15 @@ def test_bad_arguments_raise_naming_the_field(kwargs, field):
 
 
 def test_bad_observations_and_weights_raise_before_computing():
-    head = random_head()
+    head = random_tied_head()
     obs = random_obs()
     too_large = Observations(obs.keys, obs.values, obs.query + S, obs.target)
     with pytest.raises(ValueError, match="query must be < num_symbols"):
         head.log_likelihood(too_large)
     with pytest.raises(ValueError, match="query must be < num_symbols"):
-        enumerated_loss(head.model, head.guide, too_large)
+        oracle.enumerated_loss(head.model, head.guide, too_large)
     with pytest.raises(ValueError, match="kl_weight"):
-        enumerated_loss(head.model, head.guide, obs, kl_weight=-0.1)
+        oracle.enumerated_loss(head.model, head.guide, obs, kl_weight=-0.1)
     with pytest.raises(ValueError, match="num_samples"):
         head.predict_proba(obs, num_samples=0)
 

@@ -1,15 +1,15 @@
-"""What a head hands the engine (pyro_multihop/engine/hop_gates.py): the first-hop distribution and the dense log
+"""What a head hands the engine (pyro_multihop/engine/hop_factors.py): the first-hop distribution and the dense log
 factors of a gate given by score tables, against the softmax of the table entries written out loop by loop, and
-the checks of :class:`HopGates`."""
+the checks of :class:`HopFactors`."""
 
 import math
 
-import oracle
+import factories
 import pytest
 import torch
 
-from pyro_multihop.engine import HopGates, chain_from_scores
-from pyro_multihop.engine.hop_gates import first_hop_log_probs
+from pyro_multihop.engine import HopFactors, chain_from_scores
+from pyro_multihop.engine.hop_factors import first_hop_log_probs
 
 S, T, N = 5, 3, 4
 
@@ -31,7 +31,7 @@ def test_the_dense_factors_are_the_softmax_of_the_table_entries(hops, masked):
     """``init[c, j] = log softmax_j scores[0][query_c, key_cj]`` and ``trans[l, c, i, j] = log softmax_j
     scores[l + 1][value_ci, key_cj]``, padding excluded (probability 0); the first hop's distribution is ``init``."""
     scores = random_scores(hops, seed=hops)
-    obs = oracle.random_observations(6, S, T, N, seed=10 + hops, masked=masked)
+    obs = factories.random_observations(6, S, T, N, seed=10 + hops, masked=masked)
     chain = chain_from_scores(scores, obs)
     assert chain.init.shape == (6, N) and chain.trans.shape == (hops - 1, 6, N, N)
     assert torch.equal(first_hop_log_probs(scores, obs), chain.init)
@@ -50,7 +50,7 @@ def test_the_dense_factors_are_the_softmax_of_the_table_entries(hops, masked):
 def test_one_table_for_every_hop_is_normalised_once_and_shared():
     """Hops sharing one table (a stride-0 expand, as the tied head's) give one normalised factor, viewed at every
     later hop, equal to normalising each hop's copy apart."""
-    obs = oracle.random_observations(4, S, T, N, seed=2, masked=True)
+    obs = factories.random_observations(4, S, T, N, seed=2, masked=True)
     one = random_scores(1, seed=3)[0]
     shared = one.unsqueeze(0).expand(3, S, S)
     chain = chain_from_scores(shared, obs)
@@ -64,13 +64,13 @@ def test_one_table_for_every_hop_is_normalised_once_and_shared():
 def test_a_position_emission_refuses_score_tables():
     log_emission = torch.zeros(S, T, dtype=torch.float64)
     with pytest.raises(ValueError, match="scores must be None"):
-        HopGates(log_emission, lambda chunk: None, 2, scores=random_scores(2), position_emission=lambda chunk: None)
+        HopFactors(log_emission, lambda chunk: None, 2, scores=random_scores(2), position_emission=lambda chunk: None)
 
 
 def test_replace_changes_the_given_fields_only():
     log_emission = torch.randn(S, T, dtype=torch.float64).log_softmax(-1)
-    gates = HopGates(log_emission, lambda chunk: None, 2, scores=random_scores(2))
-    changed = gates.replace(scores=None, n_hops=3)
+    factors = HopFactors(log_emission, lambda chunk: None, 2, scores=random_scores(2))
+    changed = factors.replace(scores=None, n_hops=3)
     assert changed.score_tables is None and changed.n_hops == 3
-    assert changed.log_emission is gates.log_emission and changed.dense_chain is gates.dense_chain
-    assert gates.score_tables is not None and gates.n_hops == 2 and gates.num_symbols == S
+    assert changed.log_emission is factors.log_emission and changed.dense_chain is factors.dense_chain
+    assert factors.score_tables is not None and factors.n_hops == 2 and factors.num_symbols == S
