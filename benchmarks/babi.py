@@ -93,7 +93,7 @@ def one_run(encoding: str, task: int, hops: int, train_dir, runs_dir: Path, smok
         options["batch_size"] = 1000  # the work of one full 1k batch per step
     started = time.perf_counter()
     run_name = f"task{task}_L{hops}" + ("_10k" if train_dir else "")
-    result = run(task, runs_dir / run_name, train_dir=train_dir, hops=hops, overwrite=True, **options)
+    result = run(task, runs_dir / run_name, train_dir=train_dir, n_hops=hops, overwrite=True, **options)
     seconds = result.get("seconds", result.get("train_seconds"))
     result.update({"train_set": "10k" if train_dir else "1k", "seconds": seconds, "wall_seconds": time.perf_counter() - started})
     return result

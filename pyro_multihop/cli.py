@@ -345,7 +345,7 @@ def _simulate(args) -> int:
     if args.task == "transitive":
         obs = transitive_task(args.n, num_symbols=args.symbols, pairs=args.pairs, seed=args.seed)
     elif args.task == "chain":
-        obs = chain_task(args.n, hops=args.hops, num_symbols=args.symbols, pairs=args.pairs, seed=args.seed)
+        obs = chain_task(args.n, n_hops=args.hops, num_symbols=args.symbols, pairs=args.pairs, seed=args.seed)
     else:
         obs = induction_task(args.n, num_symbols=args.symbols, seq_len=args.seq_len, seed=args.seed)
     if args.out.parent != Path("") and not args.out.parent.is_dir():
@@ -413,7 +413,7 @@ def _babi(args) -> int:
     from .experiments.chained_babi import run_babi
 
     results = run_babi(
-        args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops, method=args.method,
+        args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops, method=args.method,
         steps=args.steps, lr=args.lr, batch_size=args.batch_size, memory=args.memory, sigma2=args.sigma2,
         seed=args.seed, max_train=args.max_train, progress=not args.no_progress, overwrite=args.overwrite,
     )

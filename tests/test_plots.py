@@ -159,23 +159,6 @@ def test_training_curves_take_the_x_label_em_curves_count_iterations():
     assert plot_training_curves(metrics_frame()).axes[0].get_xlabel() == "step"
 
 
-def test_cli_titles_name_the_method_and_the_data():
-    import argparse
-    from pathlib import Path
-
-    from pyro_multihop.cli import _training_title
-
-    val = transitive_task(7, seed=1)
-    for model, method, expected_method, expected_x in (
-        ("chained", "svi", "SVI", "step"), ("chained", "em", "EM", "EM iteration"),
-        ("tied", "em", "variational EM", "variational EM iteration"),
-    ):
-        args = argparse.Namespace(model=model, method=method, data=Path("runs/train.csv"), val=Path("test.csv"))
-        title, x_label = _training_title(args, 20, val)
-        assert title == f"{model} head, {expected_method} on train.csv (20 rows); held-out test.csv (7 rows)"
-        assert x_label == expected_x
-
-
 def test_curves_evaluated_once_show_their_point_and_label_what_the_loss_is():
     """Variational EM evaluates the held-out data at its last iteration only: the point is drawn, the legend
     names only drawn lines, and the y label says the loss is the annealed ELBO."""

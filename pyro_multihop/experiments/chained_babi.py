@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..checks import renamed_keyword
 from ..datasets.babi import DEFAULT_MEMORY, BabiData, load_task
 from ..models import ChainedAttention
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
@@ -31,11 +32,14 @@ from .command_defaults import BABI_EM_ITERATIONS, BABI_SIGMA2, BABI_SVI
 __all__ = ["BABI_SVI", "BABI_EM_ITERATIONS", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi"]
 
 
-def babi_head(train: BabiData, hops: int, sigma2: float = BABI_SIGMA2, seed: int = 0, positional: bool = True):
-    """The chained head for a bAbI task: sizes from the vocabulary, age/offset terms over the whole memory."""
+def babi_head(train: BabiData, n_hops: Optional[int] = None, sigma2: float = BABI_SIGMA2, seed: int = 0,
+              positional: bool = True, *, hops: Optional[int] = None):
+    """The chained head for a bAbI task: sizes from the vocabulary, age/offset terms over the whole memory.
+    ``hops``: the old name of ``n_hops``, deprecated."""
+    n_hops = renamed_keyword("babi_head", "n_hops", n_hops, "hops", hops)
     max_distance = 2 * train.encoder.memory if positional else None
     return ChainedAttention(
-        hops, train.encoder.num_symbols, train.encoder.num_targets, sigma2=sigma2, seed=seed, max_distance=max_distance
+        n_hops, train.encoder.num_symbols, train.encoder.num_targets, sigma2=sigma2, seed=seed, max_distance=max_distance
     )
 
 
@@ -96,7 +100,7 @@ def run_babi(
     out,
     data_dir=None,
     train_dir=None,
-    hops: Optional[int] = None,
+    n_hops: Optional[int] = None,
     method: str = "svi",
     steps: Optional[int] = None,
     lr: Optional[float] = None,
@@ -108,19 +112,23 @@ def run_babi(
     figure_rows: int = 3,
     progress: bool = False,
     overwrite: bool = False,
+    *,
+    hops: Optional[int] = None,
 ) -> dict:
     """Train on a task's training file, evaluate on its test file, write ``out/results.json``,
     ``out/hop_posteriors.png`` and ``out/checkpoint.pt`` (the fitted head, with the vocabulary); return the
-    results. ``hops`` None: :func:`default_hops`. An ``out`` that holds a checkpoint is refused unless
+    results. ``n_hops`` None: :func:`default_hops` (``hops``: its old name, deprecated). An ``out`` that holds a checkpoint is refused unless
     ``overwrite`` (:func:`~pyro_multihop.runs.prepare_run_dir`). The caller's random state is left alone."""
+    if hops is not None:
+        n_hops = renamed_keyword("run_babi", "n_hops", n_hops, "hops", hops)
     if method not in ("svi", "em"):
         raise ValueError(f"method must be 'svi' or 'em', got {method!r}")
     out = prepare_run_dir(out, overwrite=overwrite, resumable=False)
     train, test = load_task(task, data_dir=data_dir, train_dir=train_dir, memory=memory, max_train=max_train)
-    hops = default_hops(train) if hops is None else hops
+    n_hops = default_hops(train) if n_hops is None else n_hops
     started = time.perf_counter()
     if method == "svi":
-        head = babi_head(train, hops, sigma2=sigma2, seed=seed)
+        head = babi_head(train, n_hops, sigma2=sigma2, seed=seed)
         settings = dict(BABI_SVI)
         settings.update({k: v for k, v in (("num_steps", steps), ("lr", lr)) if v is not None})
         fit_svi(head, train.obs, batch_size=batch_size, seed=seed, progress=progress, **settings)
@@ -128,10 +136,10 @@ def run_babi(
         # ChainedEM has no closed-form M-step for the age/offset logits: EM fits the content-only gate.
         from ..em import ChainedEM
 
-        em = ChainedEM(hops, train.encoder.num_symbols, train.encoder.num_targets, sigma2=sigma2)
+        em = ChainedEM(n_hops, train.encoder.num_symbols, train.encoder.num_targets, sigma2=sigma2)
         head = em.fit(train.obs, max_iters=steps or BABI_EM_ITERATIONS, seed=seed).model
     seconds = time.perf_counter() - started
-    results = {"task": task, "hops": hops, "method": method, **evaluate_babi(head, test)}
+    results = {"task": task, "hops": n_hops, "method": method, **evaluate_babi(head, test)}
     results.update({"n_train": len(train), "train_seconds": round(seconds, 2), "positional": method == "svi"})
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     from ..checkpoint import save_checkpoint
@@ -142,7 +150,7 @@ def run_babi(
     import matplotlib.pyplot as plt
 
     figure = plot_hop_posteriors(head, test, range(min(figure_rows, len(test))), out / "hop_posteriors.png",
-                                 title=f"bAbI task {task}, {hops} hop(s), {method.upper()}: posterior hop marginals "
+                                 title=f"bAbI task {task}, {n_hops} hop(s), {method.upper()}: posterior hop marginals "
                                  "of the first test questions")
     plt.close(figure)
     return results

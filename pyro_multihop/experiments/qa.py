@@ -45,6 +45,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from ..checks import renamed_keyword
 from ..checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from ..data import FactObservations
 from ..engine import get_memory_budget
@@ -107,17 +108,17 @@ def available_memory_bytes() -> Optional[int]:
         return None
 
 
-def head_memory_bytes(vocabulary: QAVocabulary, hops: int, max_question_len: int, dtype=None) -> dict:
+def head_memory_bytes(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, dtype=None) -> dict:
     """What training the head of :func:`facts_head` needs, in bytes, before it is allocated:
     ``{"parameters", "training", "largest", "largest_bytes"}``. ``training`` = 4 x the parameters (their values,
     gradients and Adam's two moments) + 3 x the largest table of one hop (its padded copy and gradients while a
     chunk is scored) + the engine's memory budget (one chunk of rows). The ``S x S`` tables dominate:
     ``question_tables (L, F, S, S)``, ``content_tables (L - 1, F, F, S, S)``, ``emission_tables (F, S, S)``."""
     size = torch.finfo(torch.get_default_dtype() if dtype is None else dtype).bits // 8
-    elements = parameter_elements(hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len)
+    elements = parameter_elements(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len)
     largest = max(elements, key=elements.get)
-    per_hop = max(elements["question_tables"] // hops, elements["emission_tables"],
-                  elements["content_tables"] // max(hops - 1, 1))
+    per_hop = max(elements["question_tables"] // n_hops, elements["emission_tables"],
+                  elements["content_tables"] // max(n_hops - 1, 1))
     parameters = sum(elements.values()) * size
     return {"parameters": parameters, "training": 4 * parameters + 3 * per_hop * size + get_memory_budget(),
             "largest": largest, "largest_bytes": elements[largest] * size}
@@ -130,32 +131,32 @@ def _gib(count: float) -> str:
     return f"{math.ceil(count / 2**10)} KiB"
 
 
-def check_head_memory(vocabulary: QAVocabulary, hops: int, max_question_len: int, available: Optional[int] = None) -> dict:
+def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, available: Optional[int] = None) -> dict:
     """Raise :class:`HeadMemoryError` (one line: how much, and which ``S x S`` table) when training the head
     needs more than ``available`` bytes (default :func:`available_memory_bytes`); returns
     :func:`head_memory_bytes`."""
-    need = head_memory_bytes(vocabulary, hops, max_question_len)
+    need = head_memory_bytes(vocabulary, n_hops, max_question_len)
     available = available_memory_bytes() if available is None else available
     if available is not None and need["training"] > available:
         S, F, name = vocabulary.num_symbols, vocabulary.num_fields, need["largest"]
         raise HeadMemoryError(
             f"training the facts head needs about {_gib(need['training'])} but {_gib(available)} of memory is "
             f"available: its S x S tables grow as the square of the vocabulary (S = {S} symbols, F = {F} fields, "
-            f"L = {hops} hops); {name} {PARAMETER_SHAPES[name]} alone holds {_gib(need['largest_bytes'])}, and "
+            f"L = {n_hops} hops); {name} {PARAMETER_SHAPES[name]} alone holds {_gib(need['largest_bytes'])}, and "
             f"training keeps 4 copies (values, gradients, Adam's two moments); use fewer distinct tokens (map "
             f"rare ones to one token) or shorter facts")
     return need
 
 
-def facts_head(vocabulary: QAVocabulary, hops: int, max_question_len: int, check_memory: bool = True):
+def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
-    ``vocabulary``: ``hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
+    ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
     the last). Its parameters start at zero (uniform attention), so the head needs no seed. With
     ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
-        check_head_memory(vocabulary, hops, max_question_len)
-    return FactAttention(hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len)
+        check_head_memory(vocabulary, n_hops, max_question_len)
+    return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -233,13 +234,13 @@ def evaluate_qa(head, data: QAData, predictions: Optional[List[dict]] = None) ->
     }
 
 
-def _attach_vocabulary(checkpoint: Path, head, vocabulary: QAVocabulary, hops: int) -> float:
+def _attach_vocabulary(checkpoint: Path, head, vocabulary: QAVocabulary, n_hops: int) -> float:
     """Add the vocabulary to the checkpoint fit_svi wrote, keeping its optimiser and training state; returns the
     training seconds it holds (fit_svi adds them up over resumed parts)."""
     payload = read_checkpoint(checkpoint)
     stored_optimizer = None if payload["optimizer"] is None else types.SimpleNamespace(state_dict=lambda: payload["optimizer"])
     extra = dict(payload["extra"])
-    extra["qa"] = {"vocabulary": vocabulary.to_dict(), "hops": hops}
+    extra["qa"] = {"vocabulary": vocabulary.to_dict(), "hops": n_hops}
     save_checkpoint(checkpoint, head, stored_optimizer, step=payload["step"], extra=extra)
     return float((extra.get("svi") or {}).get("seconds", 0.0))
 
@@ -272,10 +273,11 @@ def _report(log: Optional[Callable[[str], None]], message: Optional[str]) -> Non
             warnings.warn(message, AnswerNotInFactsWarning, stacklevel=3)
 
 
-def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], hops: int, out, *, seed: int = 0,
+def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], n_hops: Optional[int] = None,
+           out=None, *, seed: int = 0,
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
            overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
-           log: Optional[Callable[[str], None]] = None) -> dict:
+           log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
@@ -283,12 +285,16 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     ``log``: where the run's notes go, one line each (the command prints them): the step it resumes from, and
     the answers that occur in no fact of their question; without it, the latter are
     :class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning` s. The head is sized by the training
-    questions (a longer test question shares the last question position) after :func:`check_head_memory`."""
+    questions (a longer test question shares the last question position) after :func:`check_head_memory`.
+    ``hops``: the old name of ``n_hops``, deprecated."""
+    n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
+    if out is None:
+        raise TypeError("run_qa() missing required argument: 'out'")
     out = prepare_run_dir(out, resume=resume, overwrite=overwrite, resumable=True)
     checkpoint = out / CHECKPOINT_NAME
     vocabulary = QAVocabulary.build(train_records)
     longest_question = max(len(record.question) for record in train_records)
-    head = facts_head(vocabulary, hops, longest_question)
+    head = facts_head(vocabulary, n_hops, longest_question)
     train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))
@@ -297,7 +303,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     train_qa(head, train, steps=steps, lr=lr, batch_size=batch_size, valid_fraction=valid_fraction, seed=seed,
              collapsed=collapsed, checkpoint=checkpoint, resume=resume, progress=progress)
-    seconds = _attach_vocabulary(checkpoint, head, vocabulary, hops)
+    seconds = _attach_vocabulary(checkpoint, head, vocabulary, n_hops)
     predictions = predict_qa(head, test)
     scores = evaluate_qa(head, test, predictions)
     results = {
@@ -305,7 +311,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "fact_accuracy": scores["fact_accuracy"],
         "n_train": len(train),
         "n_test": len(test),
-        "hops": hops,
+        "hops": n_hops,
         "seconds": round(seconds, 2),
         "log_likelihood": _json_number(scores["log_likelihood"]),
         "hop_fact_accuracy": scores["hop_fact_accuracy"],
@@ -316,7 +322,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     write_jsonl(predictions, out / "predictions.jsonl")
     rows = range(min(figure_rows, len(test)))
-    figure = plot_fact_posteriors(head, test, rows, title=f"{type(head).__name__}, {hops} hops: posterior hop "
+    figure = plot_fact_posteriors(head, test, rows, title=f"{type(head).__name__}, {n_hops} hops: posterior hop "
                                   "marginals over facts (given question and answer)")
     figure.savefig(out / "hop_posteriors.png", dpi=110, bbox_inches="tight")
     return results
@@ -331,13 +337,16 @@ def write_jsonl(lines, path) -> Path:
     return path
 
 
-def run_babi_facts(task: int, out, *, data_dir=None, train_dir=None, hops: Optional[int] = None,
-                   memory: int = DEFAULT_MEMORY, max_train: Optional[int] = None, **options) -> dict:
+def run_babi_facts(task: int, out, *, data_dir=None, train_dir=None, n_hops: Optional[int] = None,
+                   memory: int = DEFAULT_MEMORY, max_train: Optional[int] = None, hops: Optional[int] = None,
+                   **options) -> dict:
     """A bAbI task through the facts path: its stories as facts records
-    (:func:`~pyro_multihop.datasets.babi_facts.load_task_records`), then :func:`run_qa` with ``hops`` (default:
+    (:func:`~pyro_multihop.datasets.babi_facts.load_task_records`), then :func:`run_qa` with ``n_hops`` (default:
     the most supporting facts of a training question, the task's number); the results add ``task``,
-    ``memory`` and ``encoding = "facts"``."""
+    ``memory`` and ``encoding = "facts"``. ``hops``: the old name of ``n_hops``, deprecated."""
+    if hops is not None:
+        n_hops = renamed_keyword("run_babi_facts", "n_hops", n_hops, "hops", hops)
     train, test = load_task_records(task, data_dir=data_dir, train_dir=train_dir, memory=memory, max_train=max_train)
-    if hops is None:
-        hops = max(1, max(len(record.supporting or ()) for record in train))
-    return run_qa(train, test, hops, out, extra={"task": task, "memory": memory, "encoding": "facts"}, **options)
+    if n_hops is None:
+        n_hops = max(1, max(len(record.supporting or ()) for record in train))
+    return run_qa(train, test, n_hops, out, extra={"task": task, "memory": memory, "encoding": "facts"}, **options)

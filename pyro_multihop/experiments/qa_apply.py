@@ -96,7 +96,7 @@ def predict_records(model, items: Iterable[RecordLike], *, budget: Optional[int]
 def question_only_marginals(head, obs, budget: Optional[int] = None) -> torch.Tensor:
     """``(L, n, N)``: ``p(z_l = i | facts, question)``, the hop marginals before the answer is seen (forward
     messages of the head's dense hop chain, in chunks under the memory budget)."""
-    gates = head.hop_gates()
+    gates = head.hop_factors()
     out = torch.zeros(gates.n_hops, len(obs), obs.context_len, dtype=gates.log_emission.dtype)
     for part, _, chain, _ in dense_chunks(gates, obs, budget):
         alpha = chain.init.exp()  # (c, N)
@@ -111,7 +111,7 @@ def question_only_marginals(head, obs, budget: Optional[int] = None) -> torch.Te
 def question_only_samples(head, obs, num_samples: int, seed: int = 0, budget: Optional[int] = None) -> torch.Tensor:
     """``(num_samples, n, L)`` hop paths drawn from the prior chain (the question alone), hop by hop, by a
     private generator seeded with ``seed``."""
-    gates = head.hop_gates()
+    gates = head.hop_factors()
     generator = torch.Generator(device=gates.log_emission.device).manual_seed(int(seed))
     out = torch.zeros(num_samples, len(obs), gates.n_hops, dtype=torch.long)
     for part, _, chain, _ in dense_chunks(gates, obs, budget):

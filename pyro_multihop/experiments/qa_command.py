@@ -72,7 +72,7 @@ def babi_facts_command(args) -> int:
         raise ValueError(f"--method {args.method}: the structured-facts head is trained by SVI only (its attention "
                          "normaliser has no closed-form M-step); use --encoding positions for EM")
     prepare_run_dir(args.out, overwrite=args.overwrite, resumable=False, create=False)
-    results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, hops=args.hops,
+    results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops,
                              memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
                              batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress,
                              log=print_note)

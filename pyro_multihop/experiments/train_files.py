@@ -32,7 +32,8 @@ from ..train import OverfittingWarning, fit_svi, split_validation
 from . import command_defaults
 from .command_files import CommandError, load_data, save_figure, torch_device, write_json
 
-__all__ = ["TrainFilesSettings", "TrainingRun", "TrainReport", "gate_variance", "start_training", "finish_training"]
+__all__ = ["TrainFilesSettings", "TrainingRun", "TrainReport", "gate_variance", "start_training", "finish_training",
+           "training_title"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def start_training(settings: TrainFilesSettings) -> TrainingRun:
                 (settings.out / BEST_CHECKPOINT_NAME).unlink()  # not this run's best
     run = TrainingRun(settings, device, train_obs, val_obs, num_symbols, num_targets, None, None)
     if settings.method == "svi":
-        run.model = build_head(settings.model, hops=settings.hops, num_symbols=num_symbols, num_targets=num_targets,
+        run.model = build_head(settings.model, n_hops=settings.hops, num_symbols=num_symbols, num_targets=num_targets,
                                embed_dim=settings.embed_dim, seed=settings.seed, sigma2=gate_variance(settings))
         run.model = run.model.to(device=device, dtype=getattr(torch, settings.dtype))
         run.resume_step = _resume_step(settings, run.model, run.checkpoint)
@@ -253,7 +254,7 @@ def _fit_svi(run: TrainingRun) -> tuple:
 def _fit_em(run: TrainingRun) -> tuple:
     """``(model, metrics, settings, notes)`` of closed-form EM (chained) or variational EM (tied)."""
     settings = run.settings
-    options = dict(hops=settings.hops, num_symbols=run.num_symbols, num_targets=run.num_targets, seed=settings.seed,
+    options = dict(n_hops=settings.hops, num_symbols=run.num_symbols, num_targets=run.num_targets, seed=settings.seed,
                    sigma2=gate_variance(settings), checkpoint=run.checkpoint)
     if settings.steps is not None or settings.model == "chained":
         options["max_iters"] = settings.steps or command_defaults.TRAIN_EM_ITERATIONS
@@ -267,7 +268,7 @@ def _write_metrics(run: TrainingRun, metrics) -> list:
     """metrics.csv, loss.png and (with held-out data) accuracy.png; returns the figures' paths."""
     out = run.settings.out
     metrics.to_csv(out / "metrics.csv", index=False)
-    title, x_label = _training_title(run)
+    title, x_label = training_title(run.settings, len(run.train_obs), run.val_obs)
     figures = [save_figure(plot_training_curves(metrics, which="loss", title=title, x_label=x_label), out / "loss.png")]
     if "val_accuracy" in metrics.columns:
         figures.append(save_figure(plot_training_curves(metrics, which="accuracy", title=title, x_label=x_label),
@@ -275,13 +276,13 @@ def _write_metrics(run: TrainingRun, metrics) -> list:
     return figures
 
 
-def _training_title(run: TrainingRun) -> tuple:
-    """Title (head, method, data) and x-axis label of the training figures."""
-    settings = run.settings
+def training_title(settings, n_train: int, val_obs) -> tuple:
+    """Title (head, method, data) and x-axis label of the training figures, from the run's ``settings``
+    (``model``, ``method``, ``data``, ``val``), its number of training rows and its held-out rows (or None)."""
     method = {"svi": "SVI", "em": "EM" if settings.model == "chained" else "variational EM"}[settings.method]
-    title = f"{settings.model} head, {method} on {settings.data.name} ({len(run.train_obs)} rows)"
+    title = f"{settings.model} head, {method} on {settings.data.name} ({n_train} rows)"
     if settings.val is not None:
-        title += f"; held-out {settings.val.name} ({len(run.val_obs)} rows)"
-    elif run.val_obs is not None:
-        title += f"; held-out {len(run.val_obs)} rows of it"
+        title += f"; held-out {settings.val.name} ({len(val_obs)} rows)"
+    elif val_obs is not None:
+        title += f"; held-out {len(val_obs)} rows of it"
     return title, "step" if settings.method == "svi" else f"{method} iteration"

@@ -192,7 +192,7 @@ def relabel_file(source, destination, mapping):
 
 def train_and_score(data_dir, seed):
     train, test = babi.load_task(1, data_dir=data_dir, max_train=300)
-    head = babi_head(train, hops=1, seed=seed)
+    head = babi_head(train, n_hops=1, seed=seed)
     fit_svi(head, train.obs, **dict(BABI_SVI, num_steps=STEPS), progress=False)
     result = evaluate_babi(head, test)
     return train, test, result["answer_accuracy"], result["fact_accuracy"]

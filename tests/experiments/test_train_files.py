@@ -11,7 +11,7 @@ import pytest
 from pyro_multihop import transitive_task
 from pyro_multihop.checkpoint import load_checkpoint
 from pyro_multihop.experiments.command_files import CommandError
-from pyro_multihop.experiments.train_files import TrainFilesSettings, finish_training, start_training
+from pyro_multihop.experiments.train_files import TrainFilesSettings, finish_training, start_training, training_title
 from pyro_multihop.models.registry import default_sigma2
 
 
@@ -95,3 +95,17 @@ def test_the_settings_are_the_train_command_options():
     args = build_parser().parse_args(["train", "--data", "d.csv", "--out", "o"])
     options = {field.name for field in dataclasses.fields(TrainFilesSettings)}
     assert options == set(vars(args)) - {"command", "verbose", "threads"}
+
+
+def test_training_titles_name_the_method_and_the_data():
+    import argparse
+
+    val = transitive_task(7, seed=1)
+    for model, method, expected_method, expected_x in (
+        ("chained", "svi", "SVI", "step"), ("chained", "em", "EM", "EM iteration"),
+        ("tied", "em", "variational EM", "variational EM iteration"),
+    ):
+        args = argparse.Namespace(model=model, method=method, data=Path("runs/train.csv"), val=Path("test.csv"))
+        title, x_label = training_title(args, 20, val)
+        assert title == f"{model} head, {expected_method} on train.csv (20 rows); held-out test.csv (7 rows)"
+        assert x_label == expected_x
