@@ -18,6 +18,15 @@ to try.
   rows while the log-likelihood fell by more than ``tolerance``. A run that stopped ("converged") on such
   an objective stopped on a quantity that does not say how well its predictor fits.
 
+:func:`diagnose_hops` reads what a head's hops choose (its ``hop_marginals(obs)``, ``(L, n, N)``, and the real
+positions ``obs.full_mask()``): a **flat hop** (:class:`FlatHopWarning`), a hop that **copies** the previous
+one (:class:`CopiedHopWarning`), a hop on one **fixed position** (:class:`FixedHopWarning`); it and
+:func:`diagnose_starts` flag **starts that disagree** (:class:`StartsDisagreeWarning`). An SVI run that did
+not get going warns :class:`TrainingStuckWarning` (:mod:`pyro_multihop.train.stuck`).
+
+Each finding has a ``cause`` and a ``hint`` (what to try); :meth:`DiagnosticWarning.record` and
+:func:`diagnostic_records` give them as results.json stores them: ``{"kind", "message", "hint"}``.
+
 Example::
 
     >>> import warnings
@@ -367,7 +376,7 @@ def diagnose_starts(accuracies: Sequence[Optional[float]], *, spread: float = 0.
     with ``warn``, issues them."""
     values = [float(a) for a in accuracies if a is not None and math.isfinite(float(a))]
     found = []
-    if len(values) >= 2 and max(values) - min(values) > spread:
+    if len(values) >= 2 and max(values) - min(values) > spread + 1e-9:  # 0.91 - 0.90 is a point, not more
         found.append(StartsDisagreeWarning(
             f"the {len(values)} starts disagree: accuracy from {min(values):.3f} to {max(values):.3f}, so the "
             "result depends on where a start begins",

@@ -13,7 +13,7 @@ learning rate whatever its gradient, and at a large learning rate the loss often
 it falls. During the warm-up no rise counts as a divergence (a non-finite loss still does), and at its end
 the reference restarts: the best loss and parameters are those of the first observed step at or after
 ``divergence_warmup`` and the steps after it, so a restore never goes back to the warm-up (near the
-initialisation, whose answers are those of an untrained head). Why 20 steps: ``docs/defaults.md``.
+initialisation, whose answers are those of an untrained head). Why 40 steps: ``docs/defaults.md``.
 """
 
 from __future__ import annotations

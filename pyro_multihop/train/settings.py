@@ -28,7 +28,7 @@ SVI_DEFAULTS = {
     "log_every": 10,
     "divergence_threshold": 0.25,
     "divergence_lr_factor": 0.5,
-    "divergence_warmup": 20,
+    "divergence_warmup": 40,
     "init_scale": 0.1,
 }
 
