@@ -18,6 +18,15 @@ to try.
   rows while the log-likelihood fell by more than ``tolerance``. A run that stopped ("converged") on such
   an objective stopped on a quantity that does not say how well its predictor fits.
 
+:func:`diagnose_hops` reads what a head's hops choose (its ``hop_marginals(obs)``, ``(L, n, N)``, and the real
+positions ``obs.full_mask()``): a **flat hop** (:class:`FlatHopWarning`), a hop that **copies** the previous
+one (:class:`CopiedHopWarning`), a hop on one **fixed position** (:class:`FixedHopWarning`); it and
+:func:`diagnose_starts` flag **starts that disagree** (:class:`StartsDisagreeWarning`). An SVI run that did
+not get going warns :class:`TrainingStuckWarning` (:mod:`pyro_multihop.train.stuck`).
+
+Each finding has a ``cause`` and a ``hint`` (what to try); :meth:`DiagnosticWarning.record` and
+:func:`diagnostic_records` give them as results.json stores them: ``{"kind", "message", "hint"}``.
+
 Example::
 
     >>> import warnings
@@ -35,7 +44,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import pandas as pd
 import torch
@@ -45,25 +54,90 @@ __all__ = [
     "PosteriorCollapseWarning",
     "HeldOutDeclineWarning",
     "ObjectiveMismatchWarning",
+    "TrainingStuckWarning",
+    "FlatHopWarning",
+    "CopiedHopWarning",
+    "FixedHopWarning",
+    "StartsDisagreeWarning",
     "posterior_spread",
     "diagnose_fit",
+    "diagnose_hops",
+    "diagnose_starts",
+    "diagnostic_records",
+    "issue",
 ]
 
 
 class DiagnosticWarning(UserWarning):
-    """Base class of the warnings of :func:`diagnose_fit`."""
+    """Base class of the library's diagnostics: a ``cause`` and a ``hint`` (what to try), shown as
+    ``"cause; hint"``; :meth:`record` is the finding as results.json stores it.
+
+    :param str cause: what was found, with its numbers.
+    :param str hint: what to try (may be empty).
+    """
+
+    #: The finding's name in records (``{"kind": ..., "message": ..., "hint": ...}``).
+    kind = "diagnostic"
+
+    def __init__(self, cause: str = "", hint: str = ""):
+        super().__init__(f"{cause}; {hint}" if hint else cause)
+        self.cause, self.hint = cause, hint
+
+    def __reduce__(self):  # picklable across processes with its hint (Exception pickles ``args`` only)
+        return type(self), (self.cause, self.hint)
+
+    def record(self) -> dict:
+        """``{"kind", "message", "hint"}``: this finding as results.json stores it."""
+        return {"kind": self.kind, "message": self.cause, "hint": self.hint}
 
 
 class PosteriorCollapseWarning(DiagnosticWarning):
     """The tied head's posterior sits at the prior: standard deviations near 1, means close together."""
 
+    kind = "posterior_collapse"
+
 
 class HeldOutDeclineWarning(DiagnosticWarning):
     """The held-out log-likelihood got worse after its best point."""
 
+    kind = "held_out_decline"
+
 
 class ObjectiveMismatchWarning(DiagnosticWarning):
     """The quantity a fit optimised (and stopped on) disagrees with the log-likelihood."""
+
+    kind = "objective_mismatch"
+
+
+class TrainingStuckWarning(DiagnosticWarning):
+    """An SVI run did not get going: the divergence guard fired more than once (each time restoring the
+    best parameters and cutting the learning rate), or the run ended near its starting loss."""
+
+    kind = "training_stuck"
+
+
+class FlatHopWarning(DiagnosticWarning):
+    """A hop's posterior is flat: it spreads over the real positions instead of choosing one."""
+
+    kind = "flat_hop"
+
+
+class CopiedHopWarning(DiagnosticWarning):
+    """A hop chooses the position the previous hop chose, on most rows."""
+
+    kind = "copied_hop"
+
+
+class FixedHopWarning(DiagnosticWarning):
+    """A hop chooses one fixed position (e.g. the first fact) on most rows, whatever the row holds."""
+
+    kind = "fixed_hop"
+
+
+class StartsDisagreeWarning(DiagnosticWarning):
+    """Several starts of one fit reach different accuracies: the result depends on the initialisation."""
+
+    kind = "starts_disagree"
 
 
 def posterior_spread(mean: torch.Tensor, scale: torch.Tensor) -> Tuple[float, float]:
@@ -131,9 +205,27 @@ def diagnose_fit(
                 raise ValueError(f"metrics has no column {column!r}; columns are {list(metrics.columns)}")
         found += _objective_mismatch(metrics, objective, log_likelihood, converged, tolerance, gap, window)
     if warn:
-        for diagnostic in found:
-            warnings.warn(diagnostic, stacklevel=stacklevel)
+        issue(found, stacklevel)
     return found
+
+
+def issue(diagnostics, stacklevel: int = 2) -> None:
+    """``warnings.warn`` each of ``diagnostics``, with the ``stacklevel`` its caller would give
+    :func:`warnings.warn` (2: the caller's caller)."""
+    for diagnostic in diagnostics:
+        warnings.warn(diagnostic, stacklevel=stacklevel + 1)
+
+
+def diagnostic_records(diagnostics) -> List[dict]:
+    """``[{"kind", "message", "hint"}, ...]`` of ``diagnostics``: :class:`DiagnosticWarning` instances (their
+    :meth:`~DiagnosticWarning.record`), or other warnings and strings (kind ``"diagnostic"``, no hint)."""
+    records = []
+    for diagnostic in diagnostics:
+        if isinstance(diagnostic, DiagnosticWarning):
+            records.append(diagnostic.record())
+        else:
+            records.append({"kind": DiagnosticWarning.kind, "message": str(diagnostic), "hint": ""})
+    return records
 
 
 def _posterior_collapse(mean, scale, collapse_scale: float, collapse_distance: float) -> list:
@@ -143,8 +235,8 @@ def _posterior_collapse(mean, scale, collapse_scale: float, collapse_distance: f
         return [PosteriorCollapseWarning(
             f"posterior collapse: mean posterior sd {spread:.2f} (prior 1), mean pairwise distance of the "
             f"embedding means {distance:.2f} (prior draws: {typical:.1f}), so the means do not tell the symbols "
-            "apart; try a smaller KL weight (annealing=LinearAnnealing(0.01, 100), prior_strength=0.01) or "
-            "plug_in='expected'"
+            "apart",
+            "try a smaller KL weight (annealing=LinearAnnealing(0.01, 100), prior_strength=0.01) or plug_in='expected'",
         )]
     return []
 
@@ -159,7 +251,8 @@ def _held_out_decline(metrics: pd.DataFrame, column: str, tolerance: float) -> l
     if best_step < last_step and last_value < best_value - tolerance:
         return [HeldOutDeclineWarning(
             f"held-out log-likelihood fell from {best_value:.4f} at step {best_step} to {last_value:.4f} at step "
-            f"{last_step}; try keeping the best checkpoint (early stopping, patience) or fewer steps"
+            f"{last_step}",
+            "try keeping the best checkpoint (early stopping, patience) or fewer steps",
         )]
     return []
 
@@ -184,6 +277,112 @@ def _objective_mismatch(metrics, objective: str, log_likelihood: str, converged,
     if not found:
         return []
     return [ObjectiveMismatchWarning(
-        f"the fit {stopped} on its {objective}, which disagrees with the log-likelihood: " + "; ".join(found)
-        + "; try a smaller KL weight or plug_in='expected' for the tied head, and judge fits by the log-likelihood"
+        f"the fit {stopped} on its {objective}, which disagrees with the log-likelihood: " + "; ".join(found),
+        "try a smaller KL weight or plug_in='expected' for the tied head, and judge fits by the log-likelihood",
     )]
+
+
+# -- the hop posterior and the starts ---------------------------------------------------------------------
+def diagnose_hops(
+    hop_marginals: torch.Tensor,
+    real: torch.Tensor,
+    accuracies: Optional[Sequence[float]] = None,
+    *,
+    flat: float = 0.9,
+    share: float = 0.8,
+    spread: float = 0.01,
+    warn: bool = True,
+    stacklevel: int = 2,
+) -> List[DiagnosticWarning]:
+    """Check what a fitted head's hops choose on some rows, and whether several starts agree; returns the
+    findings (each a :class:`DiagnosticWarning` with a cause and a hint, :func:`diagnostic_records` makes
+    them records) and, with ``warn``, issues each.
+
+    - :class:`FlatHopWarning`: a hop's mean posterior entropy over the rows, each row's divided by the log
+      of its number of real positions, is at least ``flat``: the hop spreads over the positions instead of
+      choosing one (rows with a single real position are left out);
+    - :class:`CopiedHopWarning`: hop ``l``'s MAP position equals hop ``l - 1``'s on at least ``share`` of
+      the rows (neither hop flat);
+    - :class:`FixedHopWarning`: one position is the hop's MAP position on at least ``share`` of the rows
+      (the hop not flat), as when every row's hop sits on the first fact;
+    - :class:`StartsDisagreeWarning`: the ``accuracies`` of several starts span more than ``spread``
+      (:func:`diagnose_starts`).
+
+    :param hop_marginals: ``(L, n, N)``, ``p(z_l = i | row)`` (a head's ``hop_marginals(obs)``).
+    :param real: ``(n, N)`` bool, the real positions (facts) of each row (``obs.full_mask()``).
+    :param accuracies: optional accuracy of each start of one fit (at least two to compare).
+    :param float flat: share of the largest entropy from which a hop counts as flat.
+    :param float share: share of the rows on which a copied or fixed MAP position is flagged.
+    :param float spread: accuracy range over the starts that is flagged (0.01: more than a point).
+    """
+    marginals = torch.as_tensor(hop_marginals).detach().double()
+    real = torch.as_tensor(real, dtype=torch.bool).detach().to(marginals.device)
+    if marginals.dim() != 3:
+        raise ValueError(f"hop_marginals must have shape (L, n, N), got {tuple(marginals.shape)}")
+    if real.shape != marginals.shape[1:]:
+        raise ValueError(f"real must have shape (n, N) = {tuple(marginals.shape[1:])}, got {tuple(real.shape)}")
+    for name, value in (("flat", flat), ("share", share)):
+        if not 0 < value <= 1:
+            raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    found, flat_hops = [], set()
+    probs = marginals.masked_fill(~real, 0.0)
+    choices = probs.argmax(-1)  # (L, n)
+    n_real = real.sum(-1)
+    spreadable = n_real > 1
+    for hop in range(marginals.shape[0]):
+        if not spreadable.any():
+            break
+        entropy = -(probs[hop] * probs[hop].clamp_min(1e-300).log()).sum(-1)
+        relative = float((entropy[spreadable] / n_real[spreadable].double().log()).mean())
+        if relative >= flat:
+            flat_hops.add(hop)
+            found.append(FlatHopWarning(
+                f"hop {hop + 1}'s posterior is flat: its mean entropy is {relative:.2f} of the largest (log of "
+                "the number of real facts), so it attends every fact alike",
+                "try a lower --lr (e.g. 0.03), more steps or more --starts; with supporting facts, check that "
+                "the hop's question words can tell them apart",
+            ))
+    rows = choices.shape[1]
+    for hop in range(marginals.shape[0]):
+        if hop in flat_hops or rows == 0:
+            continue
+        if hop > 0 and hop - 1 not in flat_hops:
+            same = float((choices[hop] == choices[hop - 1]).double().mean())
+            if same >= share:
+                found.append(CopiedHopWarning(
+                    f"hop {hop + 1} chooses the fact hop {hop} chose on {same:.0%} of the rows, so the two hops "
+                    "read one fact",
+                    "try more --starts or a lower --lr; if the questions need fewer hops, fit fewer --hops",
+                ))
+        counts = torch.bincount(choices[hop], minlength=marginals.shape[2])
+        position = int(counts.argmax())
+        fixed = float(counts[position]) / rows
+        if fixed >= share:
+            found.append(FixedHopWarning(
+                f"hop {hop + 1} chooses position {position} on {fixed:.0%} of the rows, whatever they hold",
+                "unless the data put that hop's fact there, try more --starts or a lower --lr (e.g. 0.03)",
+            ))
+    if accuracies is not None:
+        found += diagnose_starts(accuracies, spread=spread, warn=False)
+    if warn:
+        issue(found, stacklevel)
+    return found
+
+
+def diagnose_starts(accuracies: Sequence[Optional[float]], *, spread: float = 0.01, warn: bool = True,
+                    stacklevel: int = 2) -> List[DiagnosticWarning]:
+    """:class:`StartsDisagreeWarning` when the ``accuracies`` of several starts of one fit (None or NaN
+    left out; at least two) span more than ``spread`` (0.01: more than a point); returns the findings and,
+    with ``warn``, issues them."""
+    values = [float(a) for a in accuracies if a is not None and math.isfinite(float(a))]
+    found = []
+    if len(values) >= 2 and max(values) - min(values) > spread + 1e-9:  # 0.91 - 0.90 is a point, not more
+        found.append(StartsDisagreeWarning(
+            f"the {len(values)} starts disagree: accuracy from {min(values):.3f} to {max(values):.3f}, so the "
+            "result depends on where a start begins",
+            "keep the best start by held-out log-likelihood (fit_svi(starts=K), --starts K) and try more "
+            "--starts or a lower --lr",
+        ))
+    if warn:
+        issue(found, stacklevel)
+    return found

@@ -52,6 +52,7 @@ __all__ = [
     "local_device",
     "barrier",
     "shutdown",
+    "single_process",
 ]
 
 #: Default timeout of the process group that :func:`init_from_env` starts (collectives fail after it).
@@ -62,9 +63,27 @@ class PeerError(RuntimeError):
     """Raised on every rank when a block run under :func:`agreed` failed on another rank."""
 
 
+_single_process_depth = 0  # > 0 inside single_process(): this process acts alone
+
+
 def is_distributed() -> bool:
-    """True when a process group of more than one process is initialised."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """True when a process group of more than one process is initialised (and not inside
+    :func:`single_process`)."""
+    return (_single_process_depth == 0 and dist.is_available() and dist.is_initialized()
+            and dist.get_world_size() > 1)
+
+
+@contextlib.contextmanager
+def single_process():
+    """Within the block this process acts as if it had no process group (rank 0 of 1): every function here
+    is the identity, so a fit inside it runs on this rank's data alone. For work split across ranks by
+    task rather than by rows, such as the starts of ``fit_svi(starts=K)``."""
+    global _single_process_depth
+    _single_process_depth += 1
+    try:
+        yield
+    finally:
+        _single_process_depth -= 1
 
 
 def rank() -> int:

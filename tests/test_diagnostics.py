@@ -10,11 +10,19 @@ import torch
 
 from pyro_multihop import TiedEmbeddingAttention, transitive_task
 from pyro_multihop.diagnostics import (
+    CopiedHopWarning,
     DiagnosticWarning,
+    FixedHopWarning,
+    FlatHopWarning,
     HeldOutDeclineWarning,
     ObjectiveMismatchWarning,
     PosteriorCollapseWarning,
+    StartsDisagreeWarning,
+    TrainingStuckWarning,
     diagnose_fit,
+    diagnose_hops,
+    diagnose_starts,
+    diagnostic_records,
     posterior_spread,
 )
 from pyro_multihop.em import ConvergenceWarning
@@ -156,8 +164,146 @@ def test_fit_svi_reports_a_collapsed_tied_posterior_and_is_silent_on_a_spread_on
     obs = transitive_task(40, num_symbols=S, pairs=3, seed=0)
     with pytest.warns(PosteriorCollapseWarning):
         metrics = fit_svi(collapsed_head(), obs, num_steps=2, lr=1e-6, progress=False)
-    assert len(metrics.attrs["diagnostics"]) == 1 and "collapse" in metrics.attrs["diagnostics"][0].lower()
+    assert len(metrics.attrs["diagnostics"]) == 1 and "collapse" in metrics.attrs["diagnostics"][0]["message"].lower()
+    assert metrics.attrs["diagnostics"][0]["kind"] == "posterior_collapse" and "KL weight" in metrics.attrs["diagnostics"][0]["hint"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiagnosticWarning)
         metrics = fit_svi(spread_head(), obs, num_steps=2, lr=1e-6, progress=False)
     assert metrics.attrs["diagnostics"] == []
+
+
+# -- records: kind, message, hint -----------------------------------------------------------------------------------
+def test_a_diagnostic_is_a_cause_and_a_hint_and_keeps_both_across_processes():
+    import pickle
+
+    found = TrainingStuckWarning("the loss did not move", "lower --lr, e.g. 0.03")
+    assert str(found) == "the loss did not move; lower --lr, e.g. 0.03"
+    assert found.record() == {"kind": "training_stuck", "message": "the loss did not move", "hint": "lower --lr, e.g. 0.03"}
+    copy = pickle.loads(pickle.dumps(found))
+    assert type(copy) is TrainingStuckWarning and copy.record() == found.record()
+    assert diagnostic_records([found, UserWarning("other"), "plain"]) == [
+        found.record(), {"kind": "diagnostic", "message": "other", "hint": ""},
+        {"kind": "diagnostic", "message": "plain", "hint": ""}]
+    # the older findings: the same text as before, now with the hint apart
+    (collapse,) = diagnose_fit(collapsed_head(), warn=False)
+    assert collapse.record()["kind"] == "posterior_collapse" and collapse.hint.startswith("try a smaller KL weight")
+    assert str(collapse) == f"{collapse.cause}; {collapse.hint}"
+
+
+# -- the hop posterior ----------------------------------------------------------------------------------------------
+L, ROWS, N = 3, 40, 6
+
+
+def real_positions() -> torch.Tensor:
+    """``(ROWS, N)``: rows with 4 to 6 real positions, padding at the end."""
+    lengths = 4 + torch.arange(ROWS) % 3
+    return torch.arange(N)[None, :] < lengths[:, None]
+
+
+def sharp(choices: torch.Tensor, real: torch.Tensor, mass: float = 0.97) -> torch.Tensor:
+    """``(ROWS, N)`` marginals with ``mass`` on each row's chosen position, the rest spread over its other real ones."""
+    others = real.float().scatter(1, choices[:, None], 0.0)
+    spread = (1 - mass) * others / others.sum(-1, keepdim=True)
+    return spread.scatter(1, choices[:, None], mass)
+
+
+def varied(real: torch.Tensor, seed: int) -> torch.Tensor:
+    """A real position per row, drawn at random (no fixed one, no copy of another draw)."""
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand(ROWS, generator=generator) * real.sum(-1)).long()
+
+
+def good_marginals(real) -> torch.Tensor:
+    return torch.stack([sharp(varied(real, seed), real) for seed in range(L)])
+
+
+def hop_kinds(marginals, real, **kwargs) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        found = diagnose_hops(marginals, real, warn=False, **kwargs)
+    return [(type(d), d.cause.split("'")[0].split(" ")[1]) for d in found]
+
+
+def test_a_good_posterior_is_silent():
+    real = real_positions()
+    marginals = good_marginals(real)
+    assert (varied(real, 0) != varied(real, 1)).float().mean() > 0.5  # the draws do not copy each other
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        assert diagnose_hops(marginals, real) == []
+
+
+def test_a_flat_hop_is_flagged():
+    real = real_positions()
+    marginals = good_marginals(real)
+    marginals[1] = real.double() / real.sum(-1, keepdim=True)  # hop 2 attends every real fact alike
+    with pytest.warns(FlatHopWarning, match=r"hop 2's posterior is flat: its mean entropy is 1.00") as caught:
+        found = diagnose_hops(marginals, real)
+    assert caught[0].filename == __file__ and [type(d) for d in found] == [FlatHopWarning]  # no copy/fixed on it
+    assert "--lr" in found[0].hint
+    # nearly flat but still choosing (0.6 on one of 4-6 positions) is not flat
+    marginals[1] = sharp(varied(real, 1), real, mass=0.6)
+    assert hop_kinds(marginals, real) == []
+
+
+def test_a_hop_that_copies_the_previous_one_is_flagged():
+    real = real_positions()
+    marginals = good_marginals(real)
+    copied = varied(real, 0).clone()
+    copied[:5] = (copied[:5] + 1) % 4  # 35 of 40 rows (87.5 %) copy
+    marginals[1] = sharp(copied, real)
+    assert hop_kinds(marginals, real) == [(CopiedHopWarning, "2")]
+    assert "88%" in diagnose_hops(marginals, real, warn=False)[0].cause
+    copied[:10] = (varied(real, 0)[:10] + 1) % 4  # 30 of 40 (75 %): under the share
+    marginals[1] = sharp(copied, real)
+    assert hop_kinds(marginals, real) == []
+
+
+def test_a_hop_on_one_fixed_position_is_flagged():
+    real = real_positions()
+    marginals = good_marginals(real)
+    fixed = varied(real, 2).clone()
+    fixed[:36] = 0  # hop 3 sits on the first fact on 90 % of the rows
+    fixed[36:] = torch.tensor([1, 2, 3, 1])
+    marginals[2] = sharp(fixed, real)
+    found = diagnose_hops(marginals, real, warn=False)
+    assert [type(d) for d in found] == [FixedHopWarning]
+    assert "hop 3 chooses position 0 on 90% of the rows" in found[0].cause
+    assert hop_kinds(marginals, real, share=0.95) == []
+
+
+def test_starts_that_disagree_by_more_than_a_point_are_flagged():
+    with pytest.warns(StartsDisagreeWarning, match="3 starts disagree: accuracy from 0.900 to 0.950"):
+        found = diagnose_starts([0.95, 0.9, None, 0.93, math.nan])
+    assert "--starts" in found[0].hint
+    real = real_positions()
+    assert [type(d) for d in diagnose_hops(good_marginals(real), real, [0.9, 0.95], warn=False)] == [StartsDisagreeWarning]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        assert diagnose_starts([0.9, 0.905, 0.91]) == []
+        assert diagnose_starts([0.2]) == [] and diagnose_starts([]) == []
+        assert diagnose_hops(good_marginals(real), real, [0.9, 0.91]) == []  # a point exactly: not more
+
+
+def test_bad_hop_inputs_raise():
+    real = real_positions()
+    with pytest.raises(ValueError, match="hop_marginals"):
+        diagnose_hops(torch.zeros(ROWS, N), real)
+    with pytest.raises(ValueError, match="real"):
+        diagnose_hops(good_marginals(real), real[:, :3])
+    with pytest.raises(ValueError, match="share"):
+        diagnose_hops(good_marginals(real), real, share=0.0)
+
+
+def test_the_hops_of_a_head_are_checked_from_its_hop_marginals():
+    """A head's ``hop_marginals(obs)`` and the data's ``full_mask()`` are the inputs: the generating structure of
+    the relation chains is silent; the untrained facts head (every parameter 0) attends every fact alike at hop 1."""
+    from pyro_multihop import FactAttention, fact_chain_task, fact_chain_truth
+
+    obs = fact_chain_task(50, seed=0)
+    truth = fact_chain_truth()
+    with torch.no_grad():
+        assert diagnose_hops(truth.hop_marginals(obs), obs.full_mask(), warn=False) == []
+        untrained = FactAttention(2, 3, truth.num_symbols, max_question_len=3)
+        found = diagnose_hops(untrained.hop_marginals(obs), obs.full_mask(), warn=False)
+    assert [type(d) for d in found] == [FlatHopWarning] and "hop 1's" in found[0].cause

@@ -26,6 +26,11 @@ Settings come, in this order, from the keyword arguments of :func:`~pyro_multiho
 ``divergence_threshold``    nats per observation above the best full-data loss that count as a
                             divergence (``math.inf`` disables the guard)
 ``divergence_lr_factor``    learning-rate factor applied after a divergence
+``divergence_warmup``       steps at the start during which a rise of the loss is no divergence
+                            (Adam's early rise at a large learning rate); the guard's reference
+                            restarts after them
+``init_scale``              with ``starts=K``: standard deviation of the noise added to every
+                            parameter of starts 1..K-1
 ==========================  ======================================================================
 
 Why the chained head's defaults (:meth:`ChainedAttention.svi_defaults
@@ -40,7 +45,11 @@ finite minimum, pulls noise-level coordinates back to zero instead, and keeps th
 that would memorise symbol collisions small. ``benchmarks/svi_stability.py`` measures it.
 
 The divergence guard (:mod:`~pyro_multihop.train.divergence_guard`) restores the best parameters and lowers
-the learning rate when the full-data loss rises more than ``divergence_threshold`` above its best.
+the learning rate when the full-data loss rises more than ``divergence_threshold`` above its best, after a
+warm-up of ``divergence_warmup`` steps. A run that did not get going (the guard fired more than once, or the
+loss ended near its step-0 value) warns :class:`~pyro_multihop.diagnostics.TrainingStuckWarning`
+(:mod:`~pyro_multihop.train.stuck`). ``fit_svi(..., starts=K)`` fits K starts and keeps the one with the
+best held-out log-likelihood (:mod:`~pyro_multihop.train.multistart`).
 
 The modules:
 
@@ -48,19 +57,23 @@ The modules:
   :func:`~pyro_multihop.train.settings.svi_settings` and the optimiser;
 - :mod:`~pyro_multihop.train.svi_loss`: the loss (shard scaling, length groups);
   :mod:`~pyro_multihop.train.jit_fields`: how a traced loss sees the data;
-- :mod:`~pyro_multihop.train.divergence_guard`: the divergence guard;
+- :mod:`~pyro_multihop.train.divergence_guard`: the divergence guard; :mod:`~pyro_multihop.train.stuck`:
+  when a run is stuck;
 - :mod:`~pyro_multihop.train.interrupts`: SIGINT and SIGTERM, :class:`~pyro_multihop.TrainingInterrupted`;
   :mod:`~pyro_multihop.train.random_state`: the random state a run forks, saves and restores;
 - :mod:`~pyro_multihop.train.validation`: held-out data, early stopping, :class:`~pyro_multihop.OverfittingWarning`;
 - :mod:`~pyro_multihop.train.svi_run`: the loop, its checkpoint and the resume;
-  :mod:`~pyro_multihop.train.fit`: :func:`~pyro_multihop.fit_svi`, which starts it.
+  :mod:`~pyro_multihop.train.fit`: :func:`~pyro_multihop.fit_svi`, which starts it;
+- :mod:`~pyro_multihop.train.multistart`: several starts, one answer
+  (:func:`~pyro_multihop.train.multistart.fit_svi_starts`).
 """
 
 from .fit import fit_svi
 from .interrupts import TrainingInterrupted
 from .jit_fields import JitFields
+from .multistart import STARTS_VAL_FRACTION, fit_svi_starts
 from .settings import SVI_DEFAULTS, svi_settings
 from .validation import OVERFITTING_TOLERANCE, OverfittingWarning, split_validation
 
-__all__ = ["SVI_DEFAULTS", "OVERFITTING_TOLERANCE", "JitFields", "OverfittingWarning", "TrainingInterrupted",
-           "fit_svi", "split_validation", "svi_settings"]
+__all__ = ["SVI_DEFAULTS", "OVERFITTING_TOLERANCE", "STARTS_VAL_FRACTION", "JitFields", "OverfittingWarning",
+           "TrainingInterrupted", "fit_svi", "fit_svi_starts", "split_validation", "svi_settings"]

@@ -7,6 +7,13 @@ are restored, Adam's moment estimates are reset and the learning rate is multipl
 Events are listed in ``metrics.attrs["divergences"]``. The best value is only compared among steps whose
 ``model.svi_kwargs(step)`` agree (:func:`objective_key`: a KL-annealed objective changes every step while it
 anneals).
+
+The first ``divergence_warmup`` steps are a warm-up: Adam's first steps move every coordinate by about the
+learning rate whatever its gradient, and at a large learning rate the loss often rises for a few steps before
+it falls. During the warm-up no rise counts as a divergence (a non-finite loss still does), and at its end
+the reference restarts: the best loss and parameters are those of the first observed step at or after
+``divergence_warmup`` and the steps after it, so a restore never goes back to the warm-up (near the
+initialisation, whose answers are those of an untrained head). Why 40 steps: ``docs/defaults.md``.
 """
 
 from __future__ import annotations
@@ -36,11 +43,15 @@ class DivergenceGuard:
     :param threshold: nats per observation above the best loss that count as a divergence (None or
         ``math.inf``: never).
     :param float lr_factor: learning-rate factor applied after a divergence.
+    :param int warmup: steps at the start during which a rise is no divergence; the reference (best loss and
+        parameters) restarts at the first observed step at or after it.
     """
 
-    def __init__(self, threshold: Optional[float], lr_factor: float):
+    def __init__(self, threshold: Optional[float], lr_factor: float, warmup: int = 0):
         self.threshold = None if threshold is None or threshold == math.inf else float(threshold)
         self.lr_factor = lr_factor
+        self.warmup = int(warmup)
+        self.warming_up = self.warmup > 0
         self.best_loss = math.inf
         self.best_step = None
         self.best_state = None
@@ -51,12 +62,16 @@ class DivergenceGuard:
         """Record the full-data ``loss`` after ``step`` steps; True if it is a divergence."""
         if objective != self.objective:
             self.objective, self.best_loss, self.best_step, self.best_state = objective, math.inf, None, None
+        finite = math.isfinite(loss)
         if self.best_state is not None and self.threshold is not None:
-            if not math.isfinite(loss) or loss > self.best_loss + self.threshold:
+            if not finite or (not self.warming_up and loss > self.best_loss + self.threshold):
                 return True
-        if not math.isfinite(loss):
+        if not finite:
             raise FloatingPointError(f"the loss is {loss} at step {step}, before any finite value to restore")
-        if loss < self.best_loss:
+        if self.warming_up and step >= self.warmup:  # the warm-up is over: the reference restarts here
+            self.warming_up = False
+            self.best_loss, self.best_step, self.best_state = loss, step, _snapshot(model)
+        elif loss < self.best_loss:
             self.best_loss, self.best_step, self.best_state = loss, step, _snapshot(model)
         return False
 
@@ -87,6 +102,7 @@ class DivergenceGuard:
             "best_state": self.best_state,
             "objective": self.objective,
             "events": list(self.events),
+            "warming_up": self.warming_up,
         }
 
     def load(self, state: dict) -> None:
@@ -96,3 +112,4 @@ class DivergenceGuard:
         self.best_state = state["best_state"]
         self.objective = state["objective"]
         self.events = list(state["events"])
+        self.warming_up = bool(state.get("warming_up", False))  # checkpoints from before the warm-up: none

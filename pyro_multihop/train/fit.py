@@ -47,6 +47,10 @@ def fit_svi(
     resume: bool = True,
     collapsed: bool = False,
     group_lengths: Optional[int] = None,
+    divergence_warmup: Optional[int] = None,
+    starts: int = 1,
+    processes: Optional[int] = None,
+    init_scale: Optional[float] = None,
 ) -> pd.DataFrame:
     """Fit ``model``'s parameters to ``obs`` by SVI on ``TraceEnum_ELBO`` (see :mod:`pyro_multihop.train`).
 
@@ -56,11 +60,12 @@ def fit_svi(
     - the settings, each left None taken from ``model.svi_defaults()`` and then from
       :data:`~pyro_multihop.train.settings.SVI_DEFAULTS` (:func:`~pyro_multihop.train.settings.svi_settings`):
       ``num_steps``, ``lr``, ``lr_decay``, ``batch_size``, ``clip_norm``, ``weight_decay``, ``log_every``,
-      ``divergence_threshold``;
+      ``divergence_threshold``, ``divergence_warmup``, ``init_scale``;
     - the loss: ``collapsed``, ``group_lengths``, ``jit``;
     - held-out data and early stopping: ``val``, ``val_fraction``, ``patience``;
     - checkpoints: ``checkpoint``, ``checkpoint_every``, ``best_checkpoint``, ``resume``;
-    - the run itself: ``seed``, ``progress``, ``callback``.
+    - the run itself: ``seed``, ``progress``, ``callback``;
+    - several starts: ``starts``, ``processes``, ``init_scale``.
 
     :param model: a head of this library (``model``, ``guide``, ``svi_kwargs``, ``evaluate``,
         ``check_observations``); fitted in place.
@@ -77,6 +82,8 @@ def fit_svi(
     :param int log_every: steps between rows of the returned metrics.
     :param float divergence_threshold: nats per observation above the best full-data loss that count as a
         divergence (``math.inf`` disables the guard: :mod:`~pyro_multihop.train.divergence_guard`).
+    :param int divergence_warmup: steps at the start during which a rise of the loss is no divergence (Adam's
+        early rise at a large learning rate); the guard's reference restarts after them.
     :param bool collapsed: train ``model.collapsed_model`` (the hop path summed out by the engine:
         :class:`~pyro_multihop.distributions.CollapsedHopChain`) under ``Trace_ELBO`` instead of the enumerated
         ``model.model`` under ``TraceEnum_ELBO``: the same loss and gradient, faster (both are measured in
@@ -107,6 +114,14 @@ def fit_svi(
     :param bool progress: show progress on stderr (a bar on a terminal, periodic lines otherwise:
         :func:`pyro_multihop.runs.progress_bar`).
     :param callback: ``callback(step, model, row)`` after every logged row; returning True stops the fit.
+    :param int starts: fit this many starts and keep the one with the best held-out log-likelihood
+        (:func:`~pyro_multihop.train.multistart.fit_svi_starts`: start 0 is this fit, the others perturbed by
+        ``init_scale``; the held-out rows are ``val``, or ``val_fraction`` of ``obs``, by default 0.1). 1 (the
+        default): one plain fit.
+    :param int processes: with ``starts`` > 1, processes that fit starts at once (default: one per start up to
+        the usable cores; 1 on a GPU or with a ``callback``).
+    :param float init_scale: with ``starts`` > 1, the standard deviation of the noise added to every parameter
+        of starts 1..K-1.
     :raises TrainingInterrupted: with a ``checkpoint``, SIGINT (Ctrl-C) or SIGTERM during the loop lets the
         current step finish, writes the checkpoint at that step and raises this ``KeyboardInterrupt``
         (resuming from it gives the uninterrupted result). A second signal interrupts at once.
@@ -115,10 +130,15 @@ def fit_svi(
         ``val_accuracy``. ``attrs`` holds ``settings``, ``best_step``, ``best_loss``, ``final_loss`` (loss
         of the last parameters), ``restored_best``, ``divergences``, ``resumed_from`` and, with held-out
         data, ``best_val`` (``step``, ``log_likelihood``, ``checkpoint``, ``stopped_early``); after a run that
-        trained, ``diagnostics`` (the messages of :func:`~pyro_multihop.diagnostics.diagnose_fit` on the head).
+        trained, ``diagnostics``: records ``{"kind", "message", "hint"}`` of the findings of
+        :func:`~pyro_multihop.diagnostics.diagnose_fit` on the head and of
+        :func:`~pyro_multihop.train.stuck.training_stuck`; with ``starts`` > 1, ``starts``: one record per start
+        (:func:`~pyro_multihop.train.multistart.fit_svi_starts`).
     :raises ValueError: on empty data or an invalid setting.
     :warns OverfittingWarning: when the last held-out log-likelihood is clearly below its best.
     :warns PosteriorCollapseWarning: when the head's posterior stays at its prior (the tied head).
+    :warns TrainingStuckWarning: when the divergence guard fired more than once, or the run ended near its
+        step-0 loss (:mod:`~pyro_multihop.train.stuck`).
 
     Example::
 
@@ -129,6 +149,19 @@ def fit_svi(
         >>> list(metrics.columns)
         ['step', 'loss', 'lr', 'seconds']
     """
+    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 1:
+        raise ValueError(f"starts must be a positive integer, got {starts!r}")
+    if starts > 1:
+        from .multistart import fit_svi_starts  # it fits each start with this function
+
+        return fit_svi_starts(
+            model, obs, starts=starts, processes=processes, init_scale=init_scale, seed=seed, val=val,
+            val_fraction=val_fraction, checkpoint=checkpoint, best_checkpoint=best_checkpoint, progress=progress,
+            stacklevel=3, num_steps=num_steps, lr=lr, batch_size=batch_size, patience=patience, jit=jit,
+            callback=callback, lr_decay=lr_decay, clip_norm=clip_norm, weight_decay=weight_decay,
+            log_every=log_every, divergence_threshold=divergence_threshold, divergence_warmup=divergence_warmup,
+            checkpoint_every=checkpoint_every, resume=resume, collapsed=collapsed, group_lengths=group_lengths,
+        )
     with distributed.agreed():  # a bad shard ends every rank, not only its own
         if not callable(getattr(model, "model", None)) or not callable(getattr(model, "guide", None)):
             raise TypeError(f"model must be a head with model and guide methods, got {type(model).__name__}")
@@ -170,6 +203,8 @@ def fit_svi(
         weight_decay=weight_decay,
         log_every=log_every,
         divergence_threshold=divergence_threshold,
+        divergence_warmup=divergence_warmup,
+        init_scale=init_scale,
     )
     device = next(model.parameters()).device
     obs = obs.to(device)

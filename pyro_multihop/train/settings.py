@@ -28,6 +28,8 @@ SVI_DEFAULTS = {
     "log_every": 10,
     "divergence_threshold": 0.25,
     "divergence_lr_factor": 0.5,
+    "divergence_warmup": 40,
+    "init_scale": 0.1,
 }
 
 
@@ -57,6 +59,11 @@ def _check_settings(s: dict) -> None:
         value = s[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    warmup = s["divergence_warmup"]
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"divergence_warmup must be a non-negative integer, got {warmup!r}")
+    if not (_positive_finite(s["init_scale"]) or s["init_scale"] == 0):
+        raise ValueError(f"init_scale must be a non-negative finite number, got {s['init_scale']!r}")
     if s["batch_size"] is not None and (
         isinstance(s["batch_size"], bool) or not isinstance(s["batch_size"], int) or s["batch_size"] < 1
     ):

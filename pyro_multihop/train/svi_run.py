@@ -17,12 +17,13 @@ import pandas as pd
 
 from .. import distributed
 from ..checkpoint import CheckpointError, load_parameters, read_checkpoint, save_checkpoint
-from ..diagnostics import diagnose_fit
+from ..diagnostics import diagnose_fit, diagnostic_records, issue
 from ..runs import progress_bar
 from .divergence_guard import DivergenceGuard, objective_key
 from .interrupts import TrainingInterrupted, agreed_signal, deferred_interrupts
 from .random_state import get_rng_state, set_rng_state
 from .settings import make_optimizer
+from .stuck import training_stuck
 from .svi_loss import SviLoss, backward_over_ranks
 from .validation import ValidationRecord, warn_if_overfitting
 
@@ -47,7 +48,8 @@ class SviRun:
         self.checkpoint, self.best_checkpoint = checkpoint, best_checkpoint
         self.checkpoint_every = checkpoint_every or max(1, settings["num_steps"] // 10)
         self.optimizer = make_optimizer(model, settings)
-        self.guard = DivergenceGuard(settings["divergence_threshold"], settings["divergence_lr_factor"])
+        self.guard = DivergenceGuard(settings["divergence_threshold"], settings["divergence_lr_factor"],
+                                     settings["divergence_warmup"])
         self.validation = None if val is None else ValidationRecord(patience)
         self.rows = []
         self.start = 0
@@ -186,10 +188,21 @@ class SviRun:
             raise TrainingInterrupted(late_signal, last, checkpoint)
         metrics = self.metrics(final_loss, restored)
         warn_if_overfitting(metrics, stacklevel=4)  # fit_svi's caller
-        # The head's own checks (posterior collapse of the tied head's embeddings); the held-out decline is
-        # OverfittingWarning's, above.
-        metrics.attrs["diagnostics"] = [str(d) for d in diagnose_fit(self.model, None, stacklevel=4)]
+        # The head's own checks (posterior collapse of the tied head's embeddings; the held-out decline is
+        # OverfittingWarning's, above) and whether the run got going.
+        found = diagnose_fit(self.model, None, warn=False)
+        found += training_stuck(self.guard.events, self.start_loss(last), guard.best_loss if restored else final_loss,
+                                last, self.settings)
+        issue(found, stacklevel=3)  # fit_svi's caller
+        metrics.attrs["diagnostics"] = diagnostic_records(found)
         return metrics
+
+    def start_loss(self, last: int):
+        """The logged full-data loss at step 0, if its objective is that of step ``last`` (else None)."""
+        first = self.rows[0] if self.rows else None
+        if first is None or first["step"] != 0 or objective_key(self.model, 0) != objective_key(self.model, last):
+            return None
+        return float(first["loss"])
 
     def metrics(self, final_loss, restored) -> pd.DataFrame:
         """The metrics frame: the logged rows, and the run's summary in ``attrs``."""

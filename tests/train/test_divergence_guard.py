@@ -21,8 +21,10 @@ def test_divergence_guard_restores_best_and_lowers_lr(caplog):
             with torch.no_grad():
                 model.emission_logits.mul_(-3.0)  # the emission now avoids the right targets
 
+    # The sabotage comes after a warm-up of 20 steps (the default warm-up, 40, would cover the whole run).
     with caplog.at_level(logging.WARNING, logger="pyro_multihop.train"):
-        metrics = fit_svi(head, obs, num_steps=40, log_every=10, callback=sabotage, progress=False)
+        metrics = fit_svi(head, obs, num_steps=40, log_every=10, callback=sabotage, divergence_warmup=20,
+                          progress=False)
     events = metrics.attrs["divergences"]
     assert [e["step"] for e in events] == [21]
     assert events[0]["best_step"] == 20 and events[0]["loss"] > events[0]["best_loss"] + 0.25
