@@ -8,10 +8,8 @@ union of the shards, computed here. The command is tested under ``torchrun`` as 
 import datetime
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -20,12 +18,12 @@ import pyro
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pyro_multihop import ChainedAttention, ChainedEM, Observations, TiedEmbeddingAttention, TiedEmbeddingVEM
 from pyro_multihop import distributed
 from pyro_multihop.train import fit_svi
 from pyro_multihop.train.svi_loss import SviLoss as _Loss
+from process_group import run_group
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
@@ -78,12 +76,6 @@ def tensors(module) -> dict:
 
 
 # -- the spawned process group -----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _entry(rank, port, folder):
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -223,19 +215,7 @@ def _scenarios(rank: int, folder: Path) -> dict:
 def ranks(tmp_path_factory):
     """``[results of rank 0, results of rank 1]`` of one spawned 2-process gloo group."""
     folder = tmp_path_factory.mktemp("distributed")
-    context = mp.start_processes(
-        _entry, args=(free_port(), str(folder)), nprocs=WORLD, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + RUN_TIMEOUT
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the spawned process group did not finish in {RUN_TIMEOUT} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(WORLD)], folder
+    return run_group(_entry, folder, WORLD, RUN_TIMEOUT), folder
 
 
 def result(ranks, name, rank):

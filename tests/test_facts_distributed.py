@@ -2,15 +2,13 @@
 one process on the whole file (fit_svi, collapsed, full batch)."""
 
 import datetime
-import socket
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pyro_multihop import FactAttention, FactObservations, fact_chain_task, fit_svi
+from process_group import run_group
 
 WORLD = 2
 RUN_TIMEOUT = 240  # seconds for the whole spawned session
@@ -41,19 +39,7 @@ def _entry(rank, port, folder):
 def test_two_processes_on_shards_equal_one_process(tmp_path):
     obs = fact_chain_task(31, num_facts=4, seed=0)
     obs.save(tmp_path / "train.pt")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    context = mp.start_processes(_entry, args=(port, str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + RUN_TIMEOUT
-    try:
-        while not context.join(timeout=5):
-            assert time.monotonic() < deadline, f"the spawned process group did not finish in {RUN_TIMEOUT} s"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    ranks = run_group(_entry, tmp_path, WORLD, RUN_TIMEOUT)
     assert [r["rows"] for r in ranks] == [15, 16]  # each process read its shard only
     single = _head()
     expected = _fit(single, obs)

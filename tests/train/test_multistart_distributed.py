@@ -2,19 +2,17 @@
 starts (start k on rank k mod 2, each fitted on every row), and every rank ends with the start one process keeps."""
 
 import datetime
-import socket
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pyro_multihop import transitive_task
 from pyro_multihop.train import fit_svi
 from svi_test_heads import small_head
+from process_group import run_group
 
 WORLD, STARTS = 2, 3
 RUN_TIMEOUT = 240  # seconds for the whole spawned session
@@ -50,20 +48,7 @@ def _starts_on_rank(rank, port, folder):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("starts_distributed")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    context = mp.start_processes(_starts_on_rank, args=(port, str(folder)), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + RUN_TIMEOUT
-    try:
-        while not context.join(timeout=5):
-            assert time.monotonic() < deadline, f"the spawned process group did not finish in {RUN_TIMEOUT} s"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_group(_starts_on_rank, folder, WORLD, RUN_TIMEOUT)
 
 
 def test_ranks_split_the_starts_and_keep_the_start_one_process_keeps(ranks):
