@@ -229,11 +229,13 @@ class FactAttention(HopAttentionHead):
         the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
         never occurs in a fact (a language that inflects nouns) only they can produce it, and a decay there pulls
-        that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``)."""
+        that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``). An embedded
+        head decays its ``symbol_embedding`` and the question and content forms in place of the tables: through
+        them it can memorise the training entities as the tables do (docs/facts.md, "Symbol embeddings")."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol")
-        if self.embed_dim is not None:  # the embedding rows are the per-symbol entries here; the forms are shared
-            tables = ("symbol_embedding",) + tables[2:]
+        if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
+            tables = ("symbol_embedding", "question_bilinear", "content_bilinear") + tables[2:]
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
                 "weight_decay": {name: 3e-2 for name in tables}}
 
