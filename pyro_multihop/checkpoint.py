@@ -273,6 +273,13 @@ def load_parameters(model, payload: dict) -> None:
     name = type(model).__name__
     if name != payload["model_class"]:
         raise CheckpointError(f"checkpoint holds a {payload['model_class']}, the model is a {name}")
+    # A head whose parameters come in kinds (FactAttention: tables or symbol embeddings) says which the state
+    # dict's names are and what to do, before the configurations are compared.
+    mismatch = getattr(model, "checkpoint_mismatch", None)
+    message = None if mismatch is None or not isinstance(payload["state_dict"], dict) else \
+        mismatch(payload["config"], payload["state_dict"])
+    if message is not None:
+        raise CheckpointError(message)
     if dict(model.config()) != dict(payload["config"]):
         raise CheckpointError(f"checkpoint configuration {payload['config']} differs from the model's {model.config()}")
     state_dict = _checked_state_dict(model, payload["state_dict"])

@@ -82,11 +82,12 @@ def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     S, T = factors.log_emission.shape
     route = choose_route(factors, N)
     device = factors.log_emission.device
-    emission = factors.log_emission.exp()
+    # a position emission needs no (S, T) table (a head may hand an expanded stand-in: never exponentiate it whole)
+    emission = None if factors.position_emission is not None else factors.log_emission.exp()
     # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
     by_symbol = S <= 4 * N and factors.position_emission is None
     rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
-    out = emission.new_empty(n, T)
+    out = factors.log_emission.new_empty(n, T)
     for part in row_slices(n, rows):
         out[part] = _predict_chunk(factors, device_chunk(obs, part, device), route, emission, by_symbol, budget)
     return out

@@ -24,7 +24,8 @@ score), and writes into ``OUT`` (the command's options: :mod:`pyro_multihop.expe
   :func:`load_qa_checkpoint`.
 
 Before the head is allocated, :func:`check_head_memory` compares what training it needs (its ``S x S`` tables
-four times over, a chunk of rows) with the memory available, and stops with one line if it does not fit.
+four times over, a chunk of rows) with the memory available, and stops with one line if it does not fit; with
+``embed_dim`` (``--embed-dim D``) the head holds symbol embeddings instead, ``O(S D)``, for large vocabularies.
 Answers that occur in no fact of their question are reported (:mod:`~pyro_multihop.datasets.qa_jsonl`'s
 :class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning`, or the ``log`` of :func:`run_qa`).
 A trained model answers new questions through :mod:`pyro_multihop.experiments.qa_apply`.
@@ -108,17 +109,22 @@ def available_memory_bytes() -> Optional[int]:
         return None
 
 
-def head_memory_bytes(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, dtype=None) -> dict:
+def head_memory_bytes(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, dtype=None,
+                      embed_dim: Optional[int] = None) -> dict:
     """What training the head of :func:`facts_head` needs, in bytes, before it is allocated:
     ``{"parameters", "training", "largest", "largest_bytes"}``. ``training`` = 4 x the parameters (their values,
     gradients and Adam's two moments) + 3 x the largest table of one hop (its padded copy and gradients while a
     chunk is scored) + the engine's memory budget (one chunk of rows). The ``S x S`` tables dominate:
-    ``question_tables (L, F, S, S)``, ``content_tables (L - 1, F, F, S, S)``, ``emission_tables (F, S, S)``."""
+    ``question_tables (L, F, S, S)``, ``content_tables (L - 1, F, F, S, S)``, ``emission_tables (F, S, S)``. With
+    ``embed_dim=D`` there are none: the largest of one hop is an ``(S, D)`` embedding's gradient (``O(S D)``)."""
     size = torch.finfo(torch.get_default_dtype() if dtype is None else dtype).bits // 8
-    elements = parameter_elements(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len)
+    elements = parameter_elements(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len, embed_dim)
     largest = max(elements, key=elements.get)
-    per_hop = max(elements["question_tables"] // n_hops, elements["emission_tables"],
-                  elements["content_tables"] // max(n_hops - 1, 1))
+    if embed_dim is None:
+        per_hop = max(elements["question_tables"] // n_hops, elements["emission_tables"],
+                      elements["content_tables"] // max(n_hops - 1, 1))
+    else:
+        per_hop = max(elements["symbol_embedding"], elements["content_bilinear"])
     parameters = sum(elements.values()) * size
     return {"parameters": parameters, "training": 4 * parameters + 3 * per_hop * size + get_memory_budget(),
             "largest": largest, "largest_bytes": elements[largest] * size}
@@ -131,32 +137,42 @@ def _gib(count: float) -> str:
     return f"{math.ceil(count / 2**10)} KiB"
 
 
-def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, available: Optional[int] = None) -> dict:
+def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, available: Optional[int] = None,
+                      embed_dim: Optional[int] = None) -> dict:
     """Raise :class:`HeadMemoryError` (one line: how much, and which ``S x S`` table) when training the head
     needs more than ``available`` bytes (default :func:`available_memory_bytes`); returns
-    :func:`head_memory_bytes`."""
-    need = head_memory_bytes(vocabulary, n_hops, max_question_len)
+    :func:`head_memory_bytes`. An embedded head (``embed_dim``) needs ``O(S D)``: it is refused only when even
+    that does not fit."""
+    need = head_memory_bytes(vocabulary, n_hops, max_question_len, embed_dim=embed_dim)
     available = available_memory_bytes() if available is None else available
+    if available is not None and need["training"] > available and embed_dim is not None:
+        raise HeadMemoryError(
+            f"training the facts head with symbol embeddings needs about {_gib(need['training'])} but "
+            f"{_gib(available)} of memory is available (S = {vocabulary.num_symbols} symbols, embed_dim = {embed_dim}); "
+            f"use a smaller --embed-dim or fewer distinct tokens")
     if available is not None and need["training"] > available:
         S, F, name = vocabulary.num_symbols, vocabulary.num_fields, need["largest"]
         raise HeadMemoryError(
             f"training the facts head needs about {_gib(need['training'])} but {_gib(available)} of memory is "
             f"available: its S x S tables grow as the square of the vocabulary (S = {S} symbols, F = {F} fields, "
             f"L = {n_hops} hops); {name} {PARAMETER_SHAPES[name]} alone holds {_gib(need['largest_bytes'])}, and "
-            f"training keeps 4 copies (values, gradients, Adam's two moments); use fewer distinct tokens (map "
-            f"rare ones to one token) or shorter facts")
+            f"training keeps 4 copies (values, gradients, Adam's two moments); use --embed-dim D (symbol "
+            f"embeddings, O(S D) memory), fewer distinct tokens (map rare ones to one token) or shorter facts")
     return need
 
 
-def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True):
+def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
+               embed_dim: Optional[int] = None, seed: int = 0):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
-    the last). Its parameters start at zero (uniform attention), so the head needs no seed. With
-    ``check_memory``, :func:`check_head_memory` runs first."""
+    the last). Its parameters start at zero (uniform attention); with ``embed_dim=D``, its ``S x S`` tables are
+    symbol embeddings of ``D`` dimensions, drawn from ``seed``. With ``check_memory``, :func:`check_head_memory`
+    runs first."""
     if check_memory:
-        check_head_memory(vocabulary, n_hops, max_question_len)
-    return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len)
+        check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim)
+    return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
+                         embed_dim=embed_dim, seed=seed if embed_dim is not None else None)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -277,7 +293,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
            out=None, *, seed: int = 0,
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
            overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
-           log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None) -> dict:
+           log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None,
+           embed_dim: Optional[int] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
@@ -285,7 +302,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     ``log``: where the run's notes go, one line each (the command prints them): the step it resumes from, and
     the answers that occur in no fact of their question; without it, the latter are
     :class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning` s. The head is sized by the training
-    questions (a longer test question shares the last question position) after :func:`check_head_memory`.
+    questions (a longer test question shares the last question position) after :func:`check_head_memory`;
+    ``embed_dim``: symbol embeddings of that dimension in place of its ``S x S`` tables (:func:`facts_head`).
     ``hops``: the old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if out is None:
@@ -294,7 +312,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     checkpoint = out / CHECKPOINT_NAME
     vocabulary = QAVocabulary.build(train_records)
     longest_question = max(len(record.question) for record in train_records)
-    head = facts_head(vocabulary, n_hops, longest_question)
+    head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed)
     train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))

@@ -32,6 +32,9 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     qa.add_argument("--hops", type=positive_int, required=True, help="number of hops L")
     qa.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
     qa.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the run (default: 0)")
+    qa.add_argument("--embed-dim", type=positive_int, default=None, metavar="D",
+                    help="symbol embeddings of D dimensions in place of the S x S tables: memory O(S D), for large "
+                    "vocabularies (default: the tables)")
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
@@ -57,7 +60,7 @@ def qa_command(args) -> int:
     results = run_qa(train, test, args.hops, args.out, seed=args.seed, steps=args.steps, lr=args.lr,
                      batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
-                     progress=not args.no_progress, log=print_note)
+                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim)
     print(json.dumps(results))
     return 0
 

@@ -46,6 +46,9 @@ Memory: the dense factors of a chunk are summed one field pair at a time, so a c
 ``O(c N^2)`` numbers (never a floating-point ``(c, N, N, F, F)`` tensor), beside the ``F^2`` flat pair indices
 ``(F, F, c, N, N)`` (int32), which it builds once and shares between its hops and the backward; the
 emission holds ``(c, N, S)``. The engine sizes chunks under its memory budget with all of these counted.
+
+Symbol embeddings (``embed_dim=D``): the three ``S x S`` tables become bilinear forms of one shared embedding
+(:mod:`.symbol_embedding`, ``O(S D + L F^2 D^2)`` parameters, no ``S x S`` tensor); every other term is as above.
 """
 
 from __future__ import annotations
@@ -65,10 +68,12 @@ from ..distributions import CollapsedHopChain, GateCategorical
 from ..data import FactObservations, fact_chain_vocabulary
 from ..gate_ops import flat_gather, log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
+from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
-from .chained import DISTANCE_UNIT
+from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
 
-__all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "PARAMETER_SHAPES", "EM_REFUSAL"]
+__all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
+           "PARAMETER_SHAPES", "EM_REFUSAL"]
 
 #: Why :class:`FactAttention` has no EM: every term sits inside a hop's softmax normaliser (the emission's mix
 #: inside its own), so the expected complete-data log-likelihood has no closed-form maximiser.
@@ -97,159 +102,34 @@ PARAMETER_SHAPES = {
 }
 
 
-def _shape(spec: str, L: int, F: int, S: int, P: int) -> tuple:
-    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F": 2 * F, "2": 2}
+def parameter_shapes(embed_dim: Optional[int] = None) -> dict:
+    """``{name: shape}`` of a :class:`FactAttention`'s parameters: :data:`PARAMETER_SHAPES` (``embed_dim=None``), or
+    with its ``S x S`` tables replaced by :data:`~.symbol_embedding.EMBEDDING_SHAPES` (``D`` = ``embed_dim``)."""
+    if embed_dim is None:
+        return dict(PARAMETER_SHAPES)
+    kept = {name: spec for name, spec in PARAMETER_SHAPES.items() if name not in embedded.REPLACED_TABLES}
+    return {**kept, **embedded.EMBEDDING_SHAPES}
+
+
+def _shape(spec: str, L: int, F: int, S: int, P: int, D: int = 0) -> tuple:
+    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F": 2 * F, "2": 2, "D": D}
     return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
 
 
-def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_question_len: int) -> dict:
+def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_question_len: int,
+                       embed_dim: Optional[int] = None) -> dict:
     """``{name: number of entries}`` of every parameter of a :class:`FactAttention` of these sizes, computed
-    before any is allocated (:data:`PARAMETER_SHAPES`): the ``S x S`` tables (``question_tables``,
-    ``content_tables``, ``emission_tables``) grow as ``S^2``, the rest as ``S`` or not at all."""
+    before any is allocated (:func:`parameter_shapes`). With the tables (``embed_dim=None``), ``question_tables``,
+    ``content_tables`` and ``emission_tables`` grow as ``S^2``, in all ``(L F + (L - 1) F^2 + F) S^2``; with
+    ``embed_dim=D``, the embeddings as ``2 S D``, the bilinear forms as ``(L F + (L - 1) F^2 + F) D^2``, the rest as
+    ``S`` or not at all."""
     sizes = {}
-    for name, spec in PARAMETER_SHAPES.items():
+    for name, spec in parameter_shapes(embed_dim).items():
         count = 1
-        for size in _shape(spec, n_hops, num_fields, num_symbols, max_question_len):
+        for size in _shape(spec, n_hops, num_fields, num_symbols, max_question_len, embed_dim or 0):
             count *= size
         sizes[name] = count
     return sizes
-
-
-def _padded(table: torch.Tensor, dims: int) -> torch.Tensor:
-    """``table`` with one zero appended along each of its last ``dims`` dims: the row/column of symbol ``S``,
-    which stands for a padded field or token, so that padding enters no term."""
-    return torch.nn.functional.pad(table, (0, 1) * dims)
-
-
-class _FactFeatures:
-    """What the terms read from a chunk of rows: symbols with padding mapped to ``S``, masks, ranks."""
-
-    def __init__(self, obs: FactObservations, num_symbols: int, max_distance: int, dtype):
-        S = num_symbols
-        self.real = obs.full_mask()  # (c, N)
-        self.real_fields = obs.real_fields()  # (c, N, F)
-        self.fields = obs.facts.masked_fill(~self.real_fields, S)  # (c, N, F), padding -> S
-        self.real_tokens = obs.real_tokens()  # (c, M)
-        self.question = obs.question.masked_fill(~self.real_tokens, S)  # (c, M)
-        # in floating point: integer (c, N, N) arithmetic is several times slower on CPUs
-        rank = self.real.to(dtype).cumsum(-1) - 1  # real facts before each fact
-        age = self.real.to(dtype).sum(-1, keepdim=True) - 1 - rank  # real facts after it
-        self.age = age.clamp(0, max_distance) / DISTANCE_UNIT  # (c, N)
-        self.rank = rank
-        self.max_distance = max_distance
-        self.num_symbols = num_symbols
-        self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
-        self._nearest = None
-        self._distance = None
-        self._pair_index = None
-        self._question_index = None
-
-    def distance_and_later(self):
-        """``(min(|rank_j - rank_i|, D) / U, [rank_j > rank_i])``, both ``(c, N, N)`` (built on first use)."""
-        if self._distance is None:
-            offset = self.rank.unsqueeze(-2) - self.rank.unsqueeze(-1)  # (c, N_i, N_j): rank_j - rank_i
-            self._distance = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype))
-        return self._distance
-
-    def nearest_facts(self):
-        """``(index, found)``, both ``(c, N, 2 F)``: :func:`nearest_sharing` of the chunk with -1 mapped to 0, and
-        whether there is such a fact (in the parameters' dtype); built on first use."""
-        if self._nearest is None:
-            nearest = nearest_sharing(self.fields, self.real_fields).flatten(-2)  # (c, N, 2F)
-            self._nearest = (nearest.clamp_min(0), (nearest >= 0).to(self.rank.dtype))
-        return self._nearest
-
-    def _symbols(self, symbols: torch.Tensor) -> torch.Tensor:
-        # int32 while the flat tables have fewer than 2^31 entries: index_select and index_add_ take it, half
-        # the memory traffic of int64
-        size = self.num_symbols + 1
-        return symbols.to(torch.int32) if self.fields.shape[-1] ** 2 * size * size < 2**31 else symbols
-
-    def pair_index(self) -> torch.Tensor:
-        """``(F, F, c, N, N)``: ``[a, b, r, i, j] = f_i^a (S + 1) + f_j^b``, the flat index of field pair ``(a, b)``
-        in an ``(S + 1, S + 1)`` table; built on first use and shared by every hop (forward and backward)."""
-        if self._pair_index is None:
-            fields = self._symbols(self.fields).permute(2, 0, 1).contiguous()  # (F, c, N)
-            rows = (fields * (self.num_symbols + 1)).unsqueeze(-1)  # (F, c, N, 1)
-            F, c, N = fields.shape
-            self._pair_index = fields.new_empty(F, F, c, N, N)
-            for a in range(F):  # pair by pair: one 5-dim broadcast add is several times slower
-                for b in range(F):
-                    torch.add(rows[a], fields[b].unsqueeze(-2), out=self._pair_index[a, b])
-        return self._pair_index
-
-    def question_index(self) -> torch.Tensor:
-        """``(c, M, F, N)``: ``[r, m, b, j] = b (S + 1)^2 + q_m (S + 1) + f_j^b``, the flat index of (token
-        ``m``, field ``b`` of fact ``j``) in ``F`` stacked ``(S + 1, S + 1)`` tables; built on first use."""
-        if self._question_index is None:
-            size = self.num_symbols + 1
-            F = self.fields.shape[-1]
-            fields = self._symbols(self.fields).transpose(1, 2).contiguous()  # (c, F, N)
-            offsets = torch.arange(F, device=fields.device, dtype=fields.dtype).view(1, F, 1) * (size * size)
-            question = self._symbols(self.question) * size  # (c, M)
-            self._question_index = (fields + offsets).unsqueeze(1) + question.view(*question.shape, 1, 1)
-        return self._question_index
-
-
-class _FieldPairs(torch.autograd.Function):
-    """``sum_{a, b} tables[a, b][fields[..., i, a], fields[..., j, b]]`` ``(c, N, N)`` for ``tables (F, F, S', S')``,
-    given the chunk's flat pair indices ``(F, F, c, N, N)`` (:meth:`_FactFeatures.pair_index`, shared by every hop and
-    by the backward): one ``index_select`` a field pair, the sum built in place; the backward adds the gradient
-    into each table with ``index_add_`` at the same index."""
-
-    @staticmethod
-    def forward(ctx, tables, pair_index):
-        ctx.save_for_backward(pair_index)
-        ctx.tables_shape = tables.shape
-        flat = tables.reshape(tables.shape[0], tables.shape[1], -1)
-        F, _, c, N, _ = pair_index.shape
-        term = tables.new_empty(c, N, N)  # not a view: the caller adds into it in place
-        for a in range(F):
-            for b in range(F):
-                index = pair_index[a, b].view(-1)
-                if a == b == 0:
-                    torch.index_select(flat[a, b], 0, index, out=term.view(-1))
-                else:
-                    term.add_(flat[a, b].index_select(0, index).view(c, N, N))
-        return term
-
-    @staticmethod
-    def backward(ctx, grad):
-        (pair_index,) = ctx.saved_tensors
-        F, _, size, _ = ctx.tables_shape
-        grad = grad.contiguous().view(-1)
-        grad_tables = grad.new_zeros(F, F, size * size)
-        for a in range(F):
-            for b in range(F):
-                grad_tables[a, b].index_add_(0, pair_index[a, b].view(-1), grad)
-        return grad_tables.view(ctx.tables_shape), None
-
-
-def nearest_sharing(fields: torch.Tensor, real_fields: torch.Tensor) -> torch.Tensor:
-    """``(c, N, 2, F)``: for each fact ``i``, the nearest real fact before it (``[..., 0, a]``) and after it
-    (``[..., 1, a]``) whose field ``a`` equals ``f_i^a`` (both real), or -1 where there is none.
-
-    Per field, the facts are sorted by (symbol, position): the nearest fact before ``i`` with its symbol is
-    its predecessor in that order when the symbols agree, the nearest after its successor. ``O(c N log N)``,
-    no ``(N, N)`` comparison.
-
-    :param fields: ``(c, N, F)`` symbols. :param real_fields: ``(c, N, F)`` bool (False on padded facts too).
-    """
-    c, N, F = fields.shape
-    position = torch.arange(N, device=fields.device).expand(c, N)
-    none = torch.full((c, 1), -1, dtype=torch.long, device=fields.device)
-    out = torch.empty(c, N, 2, F, dtype=torch.long, device=fields.device)
-    for a in range(F):
-        # A padded field gets a symbol of its own (negative, one per position): it matches nothing.
-        symbol = torch.where(real_fields[..., a], fields[..., a], -1 - position)
-        order = (symbol * N + position).argsort(-1)  # (c, N): by symbol, then position
-        ordered = symbol.gather(1, order)
-        same = ordered[:, 1:] == ordered[:, :-1]  # (c, N - 1): neighbours in that order share the symbol
-        before = torch.cat([none, torch.where(same, order[:, :-1], -1)], 1)
-        after = torch.cat([torch.where(same, order[:, 1:], -1), none], 1)
-        out[..., 0, a] = before.new_empty(c, N).scatter_(1, order, before)
-        out[..., 1, a] = after.new_empty(c, N).scatter_(1, order, after)
-    return out
 
 
 class FactAttention(HopAttentionHead):
@@ -267,9 +147,13 @@ class FactAttention(HopAttentionHead):
         ``P``-th's logit (their own content still enters through ``question_choice`` and the tables).
     :param int max_distance: ``D``, where age and offset are clipped.
     :param dtype: dtype of the parameters (default: torch's default).
-    :param dict init: optional initial values ``{name: tensor}`` (shapes as in :data:`PARAMETER_SHAPES`);
+    :param dict init: optional initial values ``{name: tensor}`` (shapes as in :func:`parameter_shapes`);
         ``emission_mix`` may be given as probabilities under the name ``"emission_mix_probs"`` (zeros allowed:
         a component switched off exactly).
+    :param int embed_dim: None (default): the ``S x S`` tables. ``D``: symbol embeddings of ``D`` dimensions in
+        their place (:mod:`.symbol_embedding`: ``O(S D)`` parameters and memory, for large vocabularies);
+        ``symbol_embedding`` and ``output_embedding`` start random (seeded by ``seed``), everything else at 0.
+    :param int seed: seed of the random start of the embeddings (``embed_dim`` only; None: 0).
 
     Example::
 
@@ -281,7 +165,8 @@ class FactAttention(HopAttentionHead):
     """
 
     def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
-                 max_distance: int = 100, *, dtype=None, init: Optional[dict] = None):
+                 max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
+                 embed_dim: Optional[int] = None, seed: Optional[int] = None):
         super().__init__()
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.num_fields = check_positive_int("num_fields", num_fields)
@@ -289,22 +174,50 @@ class FactAttention(HopAttentionHead):
         self.num_targets = self.num_symbols
         self.max_question_len = check_positive_int("max_question_len", max_question_len)
         self.max_distance = check_positive_int("max_distance", max_distance)
+        self.embed_dim = None if embed_dim is None else check_positive_int("embed_dim", embed_dim)
         dtype = torch.get_default_dtype() if dtype is None else dtype
         init = dict(init or {})
         probs = init.pop("emission_mix_probs", None)
         if probs is not None:
             init["emission_mix"] = _mix_logits(torch.as_tensor(probs, dtype=dtype), 2 * num_fields)
-        unknown = sorted(set(init) - set(PARAMETER_SHAPES))
+        shapes = parameter_shapes(self.embed_dim)
+        unknown = sorted(set(init) - set(shapes))
         if unknown:
-            raise ValueError(f"init names unknown parameters {unknown}; known are {sorted(PARAMETER_SHAPES)}")
-        for name, spec in PARAMETER_SHAPES.items():
-            shape = _shape(spec, n_hops, num_fields, num_symbols, max_question_len)
-            value = torch.zeros(shape, dtype=dtype) if name not in init else _initial(name, init[name], shape, dtype)
+            raise ValueError(f"init names unknown parameters {unknown}; known are {sorted(shapes)}")
+        generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
+        for name, spec in shapes.items():
+            shape = _shape(spec, n_hops, num_fields, num_symbols, max_question_len, self.embed_dim or 0)
+            if name in init:
+                value = _initial(name, init[name], shape, spec, dtype)
+            elif name in embedded.RANDOM_START:
+                value = torch.randn(shape, generator=generator, dtype=dtype) / self.embed_dim ** 0.5
+            else:
+                value = torch.zeros(shape, dtype=dtype)
             setattr(self, name, torch.nn.Parameter(value))
 
     def config(self) -> dict:
-        return {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
-                "max_question_len": self.max_question_len, "max_distance": self.max_distance}
+        """The constructor's arguments; ``embed_dim`` only for an embedded head (a table head's configuration is
+        the one it always had, so that its checkpoints load as before)."""
+        config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
+                  "max_question_len": self.max_question_len, "max_distance": self.max_distance}
+        return config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
+
+    def kind(self) -> str:
+        """Which parameters this head has, in words: its ``S x S`` tables or its symbol embeddings."""
+        return "a table head (embed_dim=None: S x S tables)" if self.embed_dim is None else \
+            f"an embedded head (embed_dim={self.embed_dim}: symbol embeddings)"
+
+    def checkpoint_mismatch(self, config: dict, state_dict: dict) -> Optional[str]:
+        """Why a checkpoint's parameters cannot load into this head when one holds the tables and the other the
+        symbol embeddings (read from the state dict's names), with what to do; None otherwise."""
+        theirs = "symbol_embedding" in state_dict
+        if theirs == (self.embed_dim is not None) or not ("question_tables" in state_dict or theirs):
+            return None
+        stored = f"an embedded head (embed_dim={config.get('embed_dim')})" if theirs else "a table head (embed_dim=None)"
+        build = f"embed_dim={config.get('embed_dim')} (pyro-multihop qa --embed-dim {config.get('embed_dim')})" \
+            if theirs else "embed_dim=None (pyro-multihop qa without --embed-dim)"
+        return (f"the checkpoint holds the parameters of {stored} but the model is {self.kind()}: the two kinds "
+                f"share no S x S tables or embeddings; build the model with {build} to load it, or train a new run")
 
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
@@ -316,9 +229,13 @@ class FactAttention(HopAttentionHead):
         the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
         never occurs in a fact (a language that inflects nouns) only they can produce it, and a decay there pulls
-        that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``)."""
+        that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``). An embedded
+        head decays its ``symbol_embedding`` and the question and content forms in place of the tables: through
+        them it can memorise the training entities as the tables do (docs/facts.md, "Symbol embeddings")."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol")
+        if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
+            tables = ("symbol_embedding", "question_bilinear", "content_bilinear") + tables[2:]
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
                 "weight_decay": {name: 3e-2 for name in tables}}
 
@@ -333,40 +250,48 @@ class FactAttention(HopAttentionHead):
         return obs
 
     # -- the terms of the score ------------------------------------------------------------------------------
-    def _chunk(self, obs: FactObservations) -> _FactFeatures:
-        return _FactFeatures(obs, self.num_symbols, self.max_distance, self.age_slopes.dtype)
+    def _chunk(self, obs: FactObservations) -> FactFeatures:
+        return FactFeatures(obs, self.num_symbols, self.max_distance, self.age_slopes.dtype)
 
-    def question_weights(self, hop: int, chunk: _FactFeatures) -> torch.Tensor:
+    def question_weights(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, M)``: hop ``hop``'s soft choice among the question's real tokens (rows on the simplex)."""
         M, P = chunk.question.shape[1], self.max_question_len
         # Positions past the P-th share its logit (a question longer than the training ones is read, not refused).
         position = self.question_position[hop, :M] if M <= P else \
             self.question_position[hop, torch.arange(M, device=chunk.question.device).clamp(max=P - 1)]
-        logits = _padded(self.question_choice[hop], 1)[chunk.question] + position
+        logits = padded(self.question_choice[hop], 1)[chunk.question] + position
         return log_normalize(logits.masked_fill(~chunk.real_tokens, MASKED_LOGIT)).exp()
 
-    def question_term(self, hop: int, chunk: _FactFeatures) -> torch.Tensor:
+    def question_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``:
-        one gather of ``(c, M, F, N)`` from the ``F`` tables at the chunk's :meth:`_FactFeatures.question_index`."""
+        one gather of ``(c, M, F, N)`` from the ``F`` tables at the chunk's :meth:`FactFeatures.question_index`
+        (embedded: :func:`.symbol_embedding.question_term`)."""
         weights = self.question_weights(hop, chunk)  # (c, M)
+        if self.embed_dim is not None:
+            return embedded.question_term(weights, chunk.question, chunk.fields, chunk.real_fields,
+                                          *self.symbol_vectors(chunk), self.question_equality[hop],
+                                          self.question_bilinear[hop])
         S = self.num_symbols
         eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
-        tables = _padded(self.question_tables[hop] + self.question_equality[hop, :, None, None] * eye, 2)  # (F, S+1, S+1)
+        tables = padded(self.question_tables[hop] + self.question_equality[hop, :, None, None] * eye, 2)  # (F, S+1, S+1)
         match = flat_gather(tables, chunk.question_index())  # (c, M, F, N)
         return (weights[..., None, None] * match).sum((1, 2))
 
-    def pair_term(self, hop: int, chunk: _FactFeatures) -> torch.Tensor:
+    def pair_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
 
-        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`_FactFeatures.by_rows`),
+        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`FactFeatures.by_rows`),
         for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
         ``f_j^b`` (``F`` gathers of ``(c, N, N)``); otherwise each field pair is one gather from its flat table
         at a ``(c, N, N)`` index, summed in place (the faster of the two below that size: the row sums cost
         ``O(c N F^2 S)``, the flat gathers ``O(c N^2 F^2)``; ``benchmarks/results/facts.md``). Either way no
-        ``(c, N, N, F, F)`` tensor."""
+        ``(c, N, N, F, F)`` tensor. Embedded: :func:`.symbol_embedding.pair_term`."""
         S, F = self.num_symbols, self.num_fields
+        if self.embed_dim is not None:
+            return embedded.pair_term(chunk.fields, chunk.real_fields, self.symbol_vectors(chunk)[1],
+                                      self.field_equality[hop - 1], self.content_bilinear[hop - 1])
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
-        tables = _padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
+        tables = padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
         if chunk.by_rows:
             # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
             by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)
@@ -376,14 +301,21 @@ class FactAttention(HopAttentionHead):
                 rows = sum(torch.nn.functional.embedding(chunk.fields[..., a], by_pair[a][b]) for a in range(F))
                 term = term + rows.gather(-1, chunk.fields[..., b].unsqueeze(-2).expand(c, N, N))
             return term
-        return _FieldPairs.apply(tables, chunk.pair_index())
+        return FieldPairs.apply(tables, chunk.pair_index())
 
-    def _by_previous(self, name: str, hop: int, chunk: _FactFeatures) -> torch.Tensor:
+    def symbol_vectors(self, chunk: FactFeatures):
+        """``(question (c, M, D), facts (c, N, F, D))`` rows of the symbol embedding (zero at padding), gathered once
+        a chunk (:func:`.symbol_embedding.chunk_vectors`)."""
+        if chunk.vectors is None:
+            chunk.vectors = embedded.chunk_vectors(self.symbol_embedding, chunk.question, chunk.fields)
+        return chunk.vectors
+
+    def _by_previous(self, name: str, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``sum_a name[hop - 1, a, f_i^a]``, a weight that depends on the previous fact's fields."""
-        table = _padded(getattr(self, name)[hop - 1], 1)  # (F, S + 1)
+        table = padded(getattr(self, name)[hop - 1], 1)  # (F, S + 1)
         return table.gather(1, chunk.fields.flatten(0, 1).t()).t().reshape(chunk.fields.shape).sum(-1)
 
-    def add_order_term(self, hop: int, chunk: _FactFeatures, logits: torch.Tensor) -> torch.Tensor:
+    def add_order_term(self, hop: int, chunk: FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` ``(c, N, N)`` plus, in place, age, offset and direction, with slopes that depend on the
         previous fact ``i``."""
         k = hop - 1
@@ -393,12 +325,12 @@ class FactAttention(HopAttentionHead):
         forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1)
         return logits.addcmul_(age, chunk.age.unsqueeze(-2)).addcmul_(offset, distance).addcmul_(forward, later)
 
-    def add_nearest_term(self, hop: int, chunk: _FactFeatures, logits: torch.Tensor) -> torch.Tensor:
+    def add_nearest_term(self, hop: int, chunk: FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus, in place, ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
         ``j = near_d^a(i)``: a scatter of ``2 F`` numbers per row ``i``, no ``(N, N)`` feature tensor."""
         index, found = chunk.nearest_facts()  # (c, N, 2 F) each
         c, N, F = chunk.fields.shape
-        by_symbol = _padded(self.nearest_by_symbol[hop - 1], 1)  # (2, F, S + 1)
+        by_symbol = padded(self.nearest_by_symbol[hop - 1], 1)  # (2, F, S + 1)
         fields = chunk.fields.reshape(c * N, F)
         depends = sum(by_symbol[:, a].index_select(1, fields[:, a]) for a in range(F))  # (2, c N)
         # (2, F, c N): broadcasting over a last dim of c N, several times faster than over one of F
@@ -406,7 +338,7 @@ class FactAttention(HopAttentionHead):
         weights = weights.view(2 * F, c, N).permute(1, 2, 0) * found  # (c, N, 2 F)
         return logits.scatter_add_(-1, index, weights)
 
-    def hop_logits(self, obs: FactObservations, chunk: Optional[_FactFeatures] = None):
+    def hop_logits(self, obs: FactObservations, chunk: Optional[FactFeatures] = None):
         """Unnormalised gate logits, padded facts at ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``,
         ``later[l - 2][r, i, j] = s_l(i, j)``."""
         chunk = self._chunk(obs) if chunk is None else chunk
@@ -435,6 +367,11 @@ class FactAttention(HopAttentionHead):
         a probability below the dtype's smallest normal number is raised to it (so a target the mixture
         cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
         tables, copies, total = self._mixture_weights(obs)
+        if self.embed_dim is not None:
+            probs = embedded.table_probs(obs.facts, self.symbol_embedding, self.emission_bilinear,
+                                         self.output_embedding, self.answer_bias, tables)
+            probs = probs.scatter_add(-1, obs.facts, copies)
+            return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
         rows = self.emission_tables.softmax(-1)  # (F, S, S)
         probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a]) for a in range(self.num_fields))
         probs = probs.scatter_add(-1, obs.facts, copies)
@@ -444,9 +381,14 @@ class FactAttention(HopAttentionHead):
         """``(c, N)``: :meth:`emission_log_probs` at each row's target only, in ``O(c N F)`` (the engine's
         ``position_target``: the likelihood and the path queries need no ``(c, N, S)`` table)."""
         tables, copies, total = self._mixture_weights(obs)
-        rows = self.emission_tables.log_softmax(-1)  # (F, S, S)
         target = obs.target.view(-1, 1).expand(obs.facts.shape[:2])  # (c, N)
-        table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], target) for a in range(self.num_fields)], -1).exp()
+        if self.embed_dim is not None:  # the normaliser over S answers in blocks, no (c, N, S) table
+            table_probs = embedded.table_log_probs(obs.facts, obs.target, self.symbol_embedding, self.emission_bilinear,
+                                                   self.output_embedding, self.answer_bias).exp()
+        else:
+            rows = self.emission_tables.log_softmax(-1)  # (F, S, S)
+            table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], target)
+                                       for a in range(self.num_fields)], -1).exp()
         probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
 
@@ -465,7 +407,10 @@ class FactAttention(HopAttentionHead):
     @property
     def log_emission(self) -> torch.Tensor:
         """``(S, S)`` the first field's emission table (log-softmax), the engine's ``log_emission``: its shape,
-        dtype and device; targets come from :meth:`emission_log_probs` (``HopFactors.position_emission``)."""
+        dtype and device; targets come from :meth:`emission_log_probs` (``HopFactors.position_emission``). An
+        embedded head has no such table: zeros of that shape, one element expanded (nothing allocated)."""
+        if self.embed_dim is not None:
+            return self.answer_bias.new_zeros(()).expand(self.num_symbols, self.num_symbols)
         return self.emission_tables[0].log_softmax(-1)
 
     def hop_factors(self) -> engine.HopFactors:
@@ -477,8 +422,16 @@ class FactAttention(HopAttentionHead):
             # hop, the emission's logaddexps, the question's (M, F, N) index and matches
             return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 5 * N * S + 3 * P * N * F
 
+        def embedded_elements(N: int) -> float:
+            # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop, the
+            # question's (M, N, F) matches, the facts' embeddings and their products with the forms, the
+            # (c, N, S) emission of predictions (its normaliser's blocks take a quarter of the budget beside)
+            D = self.embed_dim
+            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 3 * N * S + 3 * P * N * F + 4 * L * N * F * D
+
         return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
-                               extra_elements=extra_elements, position_target=self.target_log_probs)
+                               extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
+                               position_target=self.target_log_probs)
 
     # -- queries that need the data class --------------------------------------------------------------------
     def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
@@ -533,7 +486,8 @@ class FactAttention(HopAttentionHead):
 
     def extra_repr(self) -> str:
         return (f"n_hops={self.n_hops}, num_fields={self.num_fields}, num_symbols={self.num_symbols}, "
-                f"max_question_len={self.max_question_len}, max_distance={self.max_distance}")
+                f"max_question_len={self.max_question_len}, max_distance={self.max_distance}"
+                + ("" if self.embed_dim is None else f", embed_dim={self.embed_dim}"))
 
 
 def _rows(obs: FactObservations, index: torch.Tensor, subsample_size: Optional[int]) -> FactObservations:
@@ -547,12 +501,12 @@ def _mix_logits(probs: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(probs > 0, probs.log(), torch.full_like(probs, MASKED_LOGIT))
 
 
-def _initial(name: str, value, shape: tuple, dtype) -> torch.Tensor:
+def _initial(name: str, value, shape: tuple, spec: str, dtype) -> torch.Tensor:
     value = torch.as_tensor(value)
     if not value.dtype.is_floating_point:
         raise TypeError(f"init[{name!r}] must be a floating-point tensor, got dtype {value.dtype}")
     if tuple(value.shape) != shape:
-        raise ValueError(f"init[{name!r}] must have shape {PARAMETER_SHAPES[name]} = {shape}, got {tuple(value.shape)}")
+        raise ValueError(f"init[{name!r}] must have shape {spec} = {shape}, got {tuple(value.shape)}")
     if name != "emission_mix" and not torch.isfinite(value).all():
         raise ValueError(f"init[{name!r}] must be finite, got a NaN or inf entry")
     return value.detach().clone().to(dtype)

@@ -1,0 +1,170 @@
+"""The symbol-embedded terms of the structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention` with
+``embed_dim=D``): every symbol-indexed ``S x S`` table becomes a function of one shared embedding, so that the
+parameters grow as ``S D`` and no ``S x S`` tensor is ever formed.
+
+With ``E = [symbol_embedding; 0]`` ``(S + 1, D)`` (the row of symbol ``S``, padding, zero) and ``e_s`` its row ``s``::
+
+    question_tables[l, b][q, s]  ->  e_q^T question_bilinear[l, b] e_s                  # (L, F, D, D)
+    content_tables[l, a, b][r, s] -> e_r^T content_bilinear[l, a, b] e_s                # (L - 1, F, F, D, D)
+    emission_tables[a][s, t]     ->  e_s^T emission_bilinear[a] o_t + answer_bias[t]    # (F, D, D), o_t row t of
+                                                                                        # output_embedding (S, D)
+
+The equality weights stay beside the bilinear forms (they carry over to symbols never seen in training); the
+``O(S)`` per-symbol vectors of the table head stay as they are. Each term below takes what a chunk reads
+(:class:`~pyro_multihop.models.fact_features.FactFeatures`) and returns what the table head's term returns:
+
+- :func:`question_term` ``(c, N)``: the question's embedding ``u = sum_m w_m e_{q_m}`` against each field, plus the
+  equality matches of ``(c, M, N, F)``;
+- :func:`pair_term` ``(c, N, N)``: the facts' embeddings ``X (c, N, F D)`` in one batched product ``X C X^T`` with
+  the ``(F D, F D)`` block matrix of the content forms, plus the ``F^2`` equality matches, one field pair at a time
+  (no ``(c, N, N, F, F)`` tensor);
+- :func:`table_log_probs` ``(c, N, F)``: the table part of the emission at each row's target, with its normaliser
+  over the ``S`` answers from :class:`LogNormaliser` (column blocks under the engine's memory budget, recomputed in
+  the backward: ``O(R D + S D)`` memory for ``R`` distinct (field, symbol) pairs);
+- :func:`table_probs` ``(c, N, S)``: the table part of the emission for every answer (predictions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine import get_memory_budget
+
+__all__ = ["EMBEDDING_SHAPES", "REPLACED_TABLES", "RANDOM_START", "LogNormaliser", "chunk_vectors", "question_term", "pair_term",
+           "table_log_probs", "table_probs"]
+
+#: Shapes of the parameters that replace the ``S x S`` tables (``D`` = ``embed_dim``).
+EMBEDDING_SHAPES = {
+    "symbol_embedding": "(S, D)",
+    "question_bilinear": "(L, F, D, D)",
+    "content_bilinear": "(L - 1, F, F, D, D)",
+    "emission_bilinear": "(F, D, D)",
+    "output_embedding": "(S, D)",
+    "answer_bias": "(S,)",
+}
+
+#: The table head's parameters that the embedded head has not.
+REPLACED_TABLES = ("question_tables", "content_tables", "emission_tables")
+
+#: Parameters drawn at random at the start (standard deviation ``1 / sqrt(D)``, rows of about unit length): at
+#: zero every gradient of a bilinear form would be zero. The bilinear forms and the bias start at zero, so the
+#: head starts attending uniformly and emitting uniformly, as the table head does.
+RANDOM_START = ("symbol_embedding", "output_embedding")
+
+
+def chunk_vectors(embedding: torch.Tensor, question: torch.Tensor, fields: torch.Tensor):
+    """``(question (c, M, D), facts (c, N, F, D))``: the embedding rows of a chunk's symbols (``S``, padding: zero
+    rows), gathered through the chunk's distinct symbols, so that the backward of every term adds into a table of
+    those alone and only this gather's backward into the whole ``(S, D)`` embedding."""
+    S = embedding.shape[0]
+    symbols, inverse = torch.unique(torch.cat([question.flatten(), fields.flatten()]), return_inverse=True)
+    rows = embedding[symbols.clamp(max=S - 1)] * (symbols < S).unsqueeze(-1).to(embedding.dtype)  # (U, D)
+    vectors = rows[inverse]
+    return vectors[:question.numel()].view(*question.shape, -1), vectors[question.numel():].view(*fields.shape, -1)
+
+
+def question_term(weights, question, fields, real_fields, asked, facts, equality, bilinear) -> torch.Tensor:
+    """``(c, N)``: ``sum_m w[m] sum_b (equality[b] [q_m == f_j^b] + e_{q_m}^T bilinear[b] e_{f_j^b})``.
+
+    :param weights: ``(c, M)`` the hop's soft choice of tokens. :param question: ``(c, M)``.
+    :param fields: ``(c, N, F)``. :param real_fields: ``(c, N, F)`` bool. :param asked: ``(c, M, D)`` and
+    :param facts: ``(c, N, F, D)``, their embeddings (:func:`chunk_vectors`, zero at padding).
+    :param equality: ``(F,)``. :param bilinear: ``(F, D, D)``.
+    """
+    match = (question[:, :, None, None] == fields[:, None]) & real_fields[:, None]  # (c, M, N, F)
+    matched = torch.einsum("cm,cmnf->cnf", weights, match.to(weights.dtype))  # (c, N, F)
+    asked = torch.einsum("cm,cmd->cd", weights, asked)  # (c, D): u = sum_m w_m e_{q_m}
+    read = torch.einsum("cd,fde->cfe", asked, bilinear)  # (c, F, D)
+    return matched @ equality + torch.einsum("cfe,cnfe->cn", read, facts)
+
+
+def pair_term(fields, real_fields, facts, equality, bilinear) -> torch.Tensor:
+    """``(c, N, N)``: ``sum_{a, b} equality[a, b] [f_i^a == f_j^b] + e_{f_i^a}^T bilinear[a, b] e_{f_j^b}``.
+
+    :param fields: ``(c, N, F)``. :param real_fields: ``(c, N, F)`` bool. :param facts: ``(c, N, F, D)`` their
+    embeddings (zero at padding). :param equality: ``(F, F)``. :param bilinear: ``(F, F, D, D)``.
+    """
+    c, N, F, D = facts.shape
+    facts = facts.reshape(c, N, F * D)  # padded fields are zero rows
+    blocks = bilinear.transpose(1, 2).reshape(F * D, F * D)  # [(a, d), (b, e)] = bilinear[a, b, d, e]
+    term = torch.bmm(facts @ blocks, facts.transpose(1, 2))
+    # A padded field matches nothing: it is -1 on the previous fact's side and -2 on the candidate's.
+    left, right = fields.masked_fill(~real_fields, -1), fields.masked_fill(~real_fields, -2)
+    for a in range(F):
+        for b in range(F):
+            same = left[..., a].unsqueeze(-1) == right[..., b].unsqueeze(-2)  # (c, N, N)
+            term = term + equality[a, b] * same.to(term.dtype)
+    return term
+
+
+def _columns_per_block(rows: int, dtype: torch.dtype) -> int:
+    """Answers a block of the normaliser holds: the logits of ``rows`` rows and their exponentials within a quarter
+    of the engine's memory budget."""
+    itemsize = torch.finfo(dtype).bits // 8
+    return max(1, get_memory_budget() // (4 * itemsize * max(rows, 1)))
+
+
+class LogNormaliser(torch.autograd.Function):
+    """``(R,)``: ``log sum_t exp(hidden_r . output_t + bias_t)`` for ``hidden (R, D)``, ``output (S, D)``, ``bias (S,)``,
+    over blocks of answers (:func:`_columns_per_block`): no ``(R, S)`` tensor is kept; the backward recomputes each
+    block's softmax ``p`` and returns ``p @ output``, ``p^T hidden`` and ``p``'s column sums, each weighted by the
+    incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, output, bias):
+        S = output.shape[0]
+        block = _columns_per_block(hidden.shape[0], hidden.dtype)
+        parts = [torch.logsumexp(torch.addmm(bias[s:s + block], hidden, output[s:s + block].t()), -1)
+                 for s in range(0, S, block)]
+        log_norm = torch.logsumexp(torch.stack(parts, -1), -1)
+        ctx.save_for_backward(hidden, output, bias, log_norm)
+        ctx.block = block
+        return log_norm
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, output, bias, log_norm = ctx.saved_tensors
+        grad_hidden = torch.zeros_like(hidden)
+        grad_output = torch.empty_like(output)
+        grad_bias = torch.empty_like(bias)
+        for s in range(0, output.shape[0], ctx.block):
+            columns = slice(s, s + ctx.block)
+            logits = torch.addmm(bias[columns], hidden, output[columns].t())
+            weighted = logits.sub_(log_norm.unsqueeze(-1)).exp_().mul_(grad.unsqueeze(-1))  # (R, block): g_r p_rt
+            grad_hidden.addmm_(weighted, output[columns])
+            torch.mm(weighted.t(), hidden, out=grad_output[columns])
+            torch.sum(weighted, 0, out=grad_bias[columns])
+        return grad_hidden, grad_output, grad_bias
+
+
+def _hidden(fields, embedding, bilinear, a: int) -> torch.Tensor:
+    return embedding[fields[..., a]] @ bilinear[a]  # (c, N, D): e_{f_i^a}^T W[a]
+
+
+def table_log_probs(fields, target, embedding, bilinear, output, bias) -> torch.Tensor:
+    """``(c, N, F)``: ``log softmax_t(e_{f_i^a}^T bilinear[a] o_t + bias_t)`` at each row's ``target`` ``(c,)``.
+
+    The normaliser depends on a fact only through its (field, symbol): it is computed once for each distinct pair
+    of the chunk (:class:`LogNormaliser`) and gathered back."""
+    c, N, F = fields.shape
+    parts, inverses = [], []
+    for a in range(F):
+        symbols, inverse = torch.unique(fields[..., a], return_inverse=True)
+        parts.append(embedding[symbols] @ bilinear[a])
+        inverses.append(inverse + sum(len(part) for part in parts[:-1]))
+    hidden = torch.cat(parts)  # (R, D)
+    log_norm = LogNormaliser.apply(hidden, output, bias)  # (R,)
+    index = torch.stack(inverses, -1)  # (c, N, F): each fact field's row of hidden
+    logits = (hidden[index] * output[target].view(c, 1, 1, -1)).sum(-1) + bias[target].view(c, 1, 1)
+    return logits - log_norm[index]
+
+
+def table_probs(fields, embedding, bilinear, output, bias, weights) -> torch.Tensor:
+    """``(c, N, S)``: ``sum_a weights[..., a] softmax_t(e_{f_i^a}^T bilinear[a] o_t + bias_t)`` (``weights``
+    ``(c, N, F)``), one field at a time."""
+    probs = 0.0
+    for a in range(fields.shape[-1]):
+        logits = torch.addmm(bias, _hidden(fields, embedding, bilinear, a).flatten(0, 1), output.t())
+        probs = probs + weights[..., a, None] * logits.softmax(-1).view(*fields.shape[:2], -1)
+    return probs
+
