@@ -39,6 +39,7 @@ _EXPORTS = {
     "EMResult": ".em",
     "SufficientStats": ".em",
     "fit_svi": ".train",
+    "fit_svi_starts": ".train",
     "SVI_DEFAULTS": ".train",
     "TrainingInterrupted": ".train",
     "OverfittingWarning": ".train",
@@ -48,6 +49,7 @@ _EXPORTS = {
     "prepare_run_dir": ".runs",
     "diagnose_fit": ".diagnostics",
     "DiagnosticWarning": ".diagnostics",
+    "TrainingStuckWarning": ".diagnostics",
 }
 
 #: Renamed public names, kept for one release: old name -> (module, new name); reading one warns.

@@ -45,7 +45,7 @@ from typing import Callable, Optional, Sequence
 
 from .experiments import command_defaults as defaults
 from .experiments.command_defaults import FACTS_SUFFIX, TABLE_SUFFIXES
-from .experiments.qa_command import add_qa_parser, print_note
+from .experiments.qa_command import add_qa_parser, add_starts_arguments, print_note
 
 __all__ = ["main"]
 
@@ -154,8 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fit a head to a data file. Writes OUT/checkpoint.pt (configuration, parameters, "
         "optimiser and training state), OUT/best.pt (SVI with held-out data: the parameters of the best held-out "
         "log-likelihood), OUT/metrics.csv (one row per logged step or EM iteration), OUT/loss.png, "
-        "OUT/accuracy.png (with held-out data) and OUT/summary.json. An OUT that holds a checkpoint is refused "
-        "unless --resume or --overwrite.",
+        "OUT/accuracy.png (with held-out data) and OUT/summary.json (with the fit's diagnostics and, with --starts, "
+        "every start's record); each diagnostic is also printed as a warning line. An OUT that holds a checkpoint "
+        "is refused unless --resume or --overwrite.",
     )
     _train_arguments(train)
 
@@ -212,8 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(--encoding positions) on a bAbI task's training file (question-answer pairs only), evaluate "
         "it on the task's test file and write OUT/results.json (answer_accuracy, fact_accuracy, n_test, task, "
         "hops, ...), OUT/checkpoint.pt (with the vocabulary) and OUT/hop_posteriors.png (posterior hop "
-        "marginals of the first test questions). Pick --hops per task: the number of supporting facts a "
-        "question needs (task 1: 1, task 2: 2, task 3: 3), which is the default. An OUT that holds a "
+        "marginals of the first test questions); results.json also holds the fit's diagnostics (each printed as a "
+        "warning line) and, with --starts, every start's record. Pick --hops per task: the number of supporting "
+        "facts a question needs (task 1: 1, task 2: 2, task 3: 3), which is the default. An OUT that holds a "
         "checkpoint is refused unless --overwrite.",
     )
     _babi_arguments(babi)
@@ -280,6 +282,7 @@ def _train_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--lr", type=_positive_float, default=None, help="SVI learning rate (default: the head's)")
     train.add_argument("--batch-size", type=_positive_int, default=None,
                        help="SVI mini-batch size (default: the head's; the chained head uses full batches)")
+    add_starts_arguments(train, _positive_int)
     train.add_argument("--tol", type=_nonnegative_float, default=1e-6,
                        help="EM convergence threshold on the mean log-likelihood change (default: 1e-6)")
     train.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the run (default: 0)")
@@ -323,6 +326,7 @@ def _babi_arguments(babi: argparse.ArgumentParser) -> None:
     babi.add_argument("--memory", type=_positive_int, default=defaults.BABI_MEMORY,
                       help=f"statements kept before each question (default: {defaults.BABI_MEMORY})")
     babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")
+    add_starts_arguments(babi, _positive_int)
     babi.add_argument("--sigma2", type=_positive_float, default=defaults.BABI_SIGMA2,
                       help=f"gate variance of the chained head (--encoding positions) (default: {defaults.BABI_SIGMA2})")
     babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -416,6 +420,7 @@ def _babi(args) -> int:
         args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops, method=args.method,
         steps=args.steps, lr=args.lr, batch_size=args.batch_size, memory=args.memory, sigma2=args.sigma2,
         seed=args.seed, max_train=args.max_train, progress=not args.no_progress, overwrite=args.overwrite,
+        starts=args.starts, processes=args.processes, log=print_note,
     )
     print(json.dumps(results))
     return 0

@@ -455,3 +455,46 @@ def test_help_time_benchmark_smoke(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "help_time.py"), "--repeats", "1", "--out", str(tmp_path)],
                    check=True, capture_output=True, timeout=120, env=_environment())
     assert "| False |" in (tmp_path / "help_time.md").read_text()  # torch not imported by --help
+
+
+def test_train_starts_records_every_start_and_prints_why_a_run_is_stuck(task, tmp_path, capsys):
+    """``train --starts 2``: summary.json records both starts, the best held-out one kept; a learning rate that
+    moves nothing for the guard's warm-up (40 steps) is a stuck run, recorded and printed as a warning line."""
+    folder, train, test = task
+    run = tmp_path / "starts"
+    assert main(["train", "--data", str(train), "--val", str(test), "--steps", "40", "--lr", "1e-9", "--starts", "2",
+                 "--processes", "1", "--no-progress", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    starts = summary["starts"]
+    assert [record["start"] for record in starts] == [0, 1] and sum(record["kept"] for record in starts) == 1
+    kept = next(record for record in starts if record["kept"])
+    assert kept["val_log_likelihood"] == max(record["val_log_likelihood"] for record in starts)
+    assert "training_stuck" in kept["diagnostics"]
+    assert [record["kind"] for record in summary["diagnostics"]][0] == "training_stuck"
+    captured = capsys.readouterr()
+    assert f"note: 2 starts, kept start {kept['start']}" in captured.out
+    stuck = summary["diagnostics"][0]
+    assert f"warning: {stuck['message']} (try: " in captured.out and "TrainingStuckWarning" not in captured.err
+    # One start (the default) writes no starts; EM refuses several.
+    assert main(["train", "--data", str(train), "--steps", "2", "--no-progress", "--out", str(tmp_path / "one")]) == 0
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert "starts" not in one and isinstance(one["diagnostics"], list)
+    capsys.readouterr()
+    code = main(["train", "--data", str(train), "--method", "em", "--starts", "2", "--out", str(tmp_path / "em")])
+    assert "--starts 2: several starts are an SVI option" in one_error_line(capsys, code)
+
+
+def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
+    """``--starts`` of train, qa and babi shows and uses command_defaults.STARTS, read when the parser is built."""
+    from pyro_multihop.cli import build_parser
+    from pyro_multihop.experiments import command_defaults
+
+    needed = {"train": ["--data", "d.csv", "--out", "o"], "babi": ["--task", "1", "--out", "o"],
+              "qa": ["--train", "a.jsonl", "--test", "b.jsonl", "--hops", "1", "--out", "o"]}
+    for value in (command_defaults.STARTS, 3):
+        monkeypatch.setattr(command_defaults, "STARTS", value)
+        for command, argv in needed.items():
+            assert build_parser().parse_args([command, *argv]).starts == value
+            assert main([command, "--help"]) == 0
+            text = " ".join(capsys.readouterr().out.split())
+            assert f"(default: {value}, one plain fit; docs/svi.md)" in text, command

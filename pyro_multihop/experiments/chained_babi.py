@@ -16,9 +16,10 @@ This module sits above :mod:`pyro_multihop.datasets` (which only reads and encod
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -28,6 +29,7 @@ from ..models import ChainedAttention
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
 from .command_defaults import BABI_EM_ITERATIONS, BABI_SIGMA2, BABI_SVI
+from .fit_findings import recorded_fit, report_findings
 
 __all__ = ["BABI_SVI", "BABI_EM_ITERATIONS", "babi_head", "default_hops", "evaluate_babi", "plot_hop_posteriors", "run_babi"]
 
@@ -114,24 +116,38 @@ def run_babi(
     overwrite: bool = False,
     *,
     hops: Optional[int] = None,
+    starts: int = 1,
+    processes: Optional[int] = None,
+    log: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Train on a task's training file, evaluate on its test file, write ``out/results.json``,
     ``out/hop_posteriors.png`` and ``out/checkpoint.pt`` (the fitted head, with the vocabulary); return the
     results. ``n_hops`` None: :func:`default_hops` (``hops``: its old name, deprecated). An ``out`` that holds a checkpoint is refused unless
-    ``overwrite`` (:func:`~pyro_multihop.runs.prepare_run_dir`). The caller's random state is left alone."""
+    ``overwrite`` (:func:`~pyro_multihop.runs.prepare_run_dir`). The caller's random state is left alone.
+
+    ``starts`` > 1 (SVI only): that many starts, the one with the best held-out log-likelihood on a tenth of
+    the training questions kept, fitted in up to ``processes`` processes (``fit_svi(starts=K)``). An SVI run's
+    results add ``diagnostics`` (the fit's findings, :mod:`~pyro_multihop.experiments.fit_findings`) and, with
+    several starts, ``starts``; ``log`` takes them as notes, one line each (else they are warnings)."""
     if hops is not None:
         n_hops = renamed_keyword("run_babi", "n_hops", n_hops, "hops", hops)
     if method not in ("svi", "em"):
         raise ValueError(f"method must be 'svi' or 'em', got {method!r}")
+    if method == "em" and starts != 1:
+        raise ValueError(f"starts = {starts} (--starts): several starts are an SVI option; EM fits one start "
+                         "(use method 'svi', or starts 1)")
     out = prepare_run_dir(out, overwrite=overwrite, resumable=False)
     train, test = load_task(task, data_dir=data_dir, train_dir=train_dir, memory=memory, max_train=max_train)
     n_hops = default_hops(train) if n_hops is None else n_hops
     started = time.perf_counter()
+    findings = {}
     if method == "svi":
         head = babi_head(train, n_hops, sigma2=sigma2, seed=seed)
         settings = dict(BABI_SVI)
         settings.update({k: v for k, v in (("num_steps", steps), ("lr", lr)) if v is not None})
-        fit_svi(head, train.obs, batch_size=batch_size, seed=seed, progress=progress, **settings)
+        fit = functools.partial(fit_svi, head, train.obs, batch_size=batch_size, seed=seed, progress=progress,
+                                starts=starts, processes=processes, **settings)
+        findings = report_findings(recorded_fit(fit, log)[1], log)
     else:
         # ChainedEM has no closed-form M-step for the age/offset logits: EM fits the content-only gate.
         from ..em import ChainedEM
@@ -140,7 +156,8 @@ def run_babi(
         head = em.fit(train.obs, max_iters=steps or BABI_EM_ITERATIONS, seed=seed).model
     seconds = time.perf_counter() - started
     results = {"task": task, "hops": n_hops, "method": method, **evaluate_babi(head, test)}
-    results.update({"n_train": len(train), "train_seconds": round(seconds, 2), "positional": method == "svi"})
+    results.update({"n_train": len(train), "train_seconds": round(seconds, 2), "positional": method == "svi",
+                    **findings})
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     from ..checkpoint import save_checkpoint
 

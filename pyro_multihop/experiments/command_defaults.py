@@ -3,8 +3,8 @@ nothing (no torch): :mod:`pyro_multihop.cli` reads them to build its parser, so 
 loading torch (``benchmarks/help_time.py``), and the experiment modules run with the same values.
 
 Owned here: the suffixes that tell table data from facts files (:data:`TABLE_SUFFIXES`, :data:`FACTS_SUFFIX`)
-and the bAbI settings of the chained head (:data:`BABI_SVI`, :data:`BABI_EM_ITERATIONS`, re-exported by
-:mod:`pyro_multihop.experiments.chained_babi`). The others are the command's choice of a library default that a
+the bAbI settings of the chained head (:data:`BABI_SVI`, :data:`BABI_EM_ITERATIONS`, re-exported by
+:mod:`pyro_multihop.experiments.chained_babi`) and the number of SVI starts (:data:`STARTS`). The others are the command's choice of a library default that a
 module importing torch holds; the command passes them explicitly (so its help says what it runs), and
 ``tests/test_cli.py`` checks that they equal the library's: :data:`TRAIN_MODELS` (the keys of
 :data:`pyro_multihop.models.registry.COMMAND_HEADS`), :data:`TRAIN_SIGMA2` (the heads' constructor defaults,
@@ -16,7 +16,7 @@ module importing torch holds; the command passes them explicitly (so its help sa
 from __future__ import annotations
 
 __all__ = ["TABLE_SUFFIXES", "FACTS_SUFFIX", "TRAIN_MODELS", "TRAIN_SIGMA2", "TRAIN_EM_ITERATIONS", "BABI_SVI",
-           "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2"]
+           "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2", "STARTS"]
 
 #: Suffixes of table data files (columns query, target, key_0.., value_0..): what ``simulate`` writes, ``train``
 #: reads, and a ``train`` checkpoint is applied to.
@@ -48,3 +48,7 @@ BABI_MEMORY = 50
 
 #: Gate variance of the chained head on bAbI (``babi --encoding positions --sigma2``).
 BABI_SIGMA2 = 0.1
+
+#: ``--starts K`` of ``train``, ``qa`` and ``babi`` when not given: SVI starts, the one with the best held-out
+#: log-likelihood kept (``fit_svi(starts=K)``, docs/svi.md "Several starts"). 1: one plain fit. EM fits one start.
+STARTS = 1

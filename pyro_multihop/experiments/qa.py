@@ -11,8 +11,10 @@ score), and writes into ``OUT`` (the command's options: :mod:`pyro_multihop.expe
 
 - ``results.json``: ``answer_accuracy``, ``fact_accuracy`` (null when the test file has no ``supporting``),
   ``n_train``, ``n_test``, ``hops``, ``seconds`` (training, added up over resumed parts),
-  ``log_likelihood`` (test, mean per question), ``hop_fact_accuracy``, and how many training and test answers
-  occur in no fact of their question (``train_answers_outside_facts``, ``test_answers_outside_facts``);
+  ``log_likelihood`` (test, mean per question), ``hop_fact_accuracy``, how many training and test answers
+  occur in no fact of their question (``train_answers_outside_facts``, ``test_answers_outside_facts``),
+  ``diagnostics`` (the fit's findings and the hop diagnostics on the test questions) and, with ``starts`` > 1,
+  ``starts`` (every start's record, the kept one marked): :mod:`pyro_multihop.experiments.fit_findings`;
 - ``predictions.jsonl``: one line per test question, in order (:func:`predict_qa`): its ``id``, ``question``,
   the most probable ``answer`` and ``answer_prob``, ``facts`` (the fact index of each hop of the most probable
   path given the facts and the question, *not* the answer: the path the model follows at test time) and
@@ -36,6 +38,7 @@ bAbI goes through the same path: :func:`run_babi_facts` turns a task's stories i
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -64,6 +67,7 @@ from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
 from ..plots import plot_fact_posteriors
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
+from .fit_findings import hop_findings, recorded_fit, report_findings
 
 __all__ = [
     "facts_head",
@@ -197,12 +201,15 @@ class LengthGroupedFacts(FactObservations):
 
 
 def train_qa(head, train: QAData, *, steps=None, lr=None, batch_size=None, valid_fraction=None, seed: int = 0,
-             collapsed: bool = False, checkpoint=None, resume: bool = False, progress: bool = False):
+             collapsed: bool = False, checkpoint=None, resume: bool = False, progress: bool = False,
+             starts: int = 1, processes: Optional[int] = None):
     """Fit ``head`` to the training questions by SVI (:func:`~pyro_multihop.train.fit_svi`, the head's own
-    defaults for what is left None); returns fit_svi's metrics."""
+    defaults for what is left None); returns fit_svi's metrics. ``starts`` > 1: that many starts, the one with
+    the best held-out log-likelihood kept (on ``valid_fraction`` of the questions, by default a tenth), fitted
+    in up to ``processes`` processes at once."""
     return fit_svi(head, LengthGroupedFacts.of(train.obs), num_steps=steps, lr=lr, batch_size=batch_size,
                    val_fraction=valid_fraction, seed=seed, collapsed=collapsed, checkpoint=checkpoint, resume=resume,
-                   progress=progress, group_lengths=GROUP_LENGTHS)
+                   progress=progress, group_lengths=GROUP_LENGTHS, starts=starts, processes=processes)
 
 
 def record_id(data: QAData, row: int):
@@ -294,17 +301,19 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
            overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
            log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None,
-           embed_dim: Optional[int] = None) -> dict:
+           embed_dim: Optional[int] = None, starts: int = 1, processes: Optional[int] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
 
-    ``log``: where the run's notes go, one line each (the command prints them): the step it resumes from, and
-    the answers that occur in no fact of their question; without it, the latter are
-    :class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning` s. The head is sized by the training
-    questions (a longer test question shares the last question position) after :func:`check_head_memory`;
-    ``embed_dim``: symbol embeddings of that dimension in place of its ``S x S`` tables (:func:`facts_head`).
-    ``hops``: the old name of ``n_hops``, deprecated."""
+    ``log``: where the run's notes go, one line each (the command prints them): the step it resumes from, the
+    answers that occur in no fact of their question, the starts kept and each diagnostic
+    (``warning: <message> (try: <hint>)``); without it, these are warnings
+    (:class:`~pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning`, the fit's own, the hop diagnostics'
+    :class:`~pyro_multihop.diagnostics.DiagnosticWarning` s). ``starts``, ``processes``: as :func:`train_qa`.
+    The head is sized by the training questions (a longer test question shares the last question position)
+    after :func:`check_head_memory`; ``embed_dim``: symbol embeddings of that dimension in place of its
+    ``S x S`` tables (:func:`facts_head`). ``hops``: the old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if out is None:
         raise TypeError("run_qa() missing required argument: 'out'")
@@ -319,8 +328,10 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     _report(log, answers_outside_facts_message(test_records, "test"))
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
-    train_qa(head, train, steps=steps, lr=lr, batch_size=batch_size, valid_fraction=valid_fraction, seed=seed,
-             collapsed=collapsed, checkpoint=checkpoint, resume=resume, progress=progress)
+    fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,
+                            valid_fraction=valid_fraction, seed=seed, collapsed=collapsed, checkpoint=checkpoint,
+                            resume=resume, progress=progress, starts=starts, processes=processes)
+    findings = report_findings(recorded_fit(fit, log)[1], log, hop_findings(head, test))
     seconds = _attach_vocabulary(checkpoint, head, vocabulary, n_hops)
     predictions = predict_qa(head, test)
     scores = evaluate_qa(head, test, predictions)
@@ -335,6 +346,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "hop_fact_accuracy": scores["hop_fact_accuracy"],
         "train_answers_outside_facts": len(answers_outside_facts(train_records)),
         "test_answers_outside_facts": len(answers_outside_facts(test_records)),
+        **findings,
         **(extra or {}),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")

@@ -8,12 +8,15 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_qa_parser", "qa_command", "babi_facts_command", "print_note"]
+from . import command_defaults
+
+__all__ = ["add_qa_parser", "add_starts_arguments", "qa_command", "babi_facts_command", "print_note"]
 
 
 def print_note(line: str) -> None:
-    """A note of a run (the step it resumes from, answers that no fact holds): one line on standard error, so
-    that standard output keeps only the results."""
+    """A note of a run (the step it resumes from, answers that no fact holds, the starts kept, each diagnostic as
+    ``warning: <message> (try: <hint>)``): one line on standard error, so that standard output keeps only the
+    results."""
     print(f"pyro-multihop: {line}", file=sys.stderr, flush=True)
 
 
@@ -25,7 +28,9 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
         help="train the structured-facts head on a QA JSON Lines file; evaluate, predict, draw",
         description="Train the structured-facts head on TRAIN.jsonl (one question a line: facts, question, answer, "
         "optional supporting; docs/qa.md), from answers alone, and evaluate it on TEST.jsonl. Writes "
-        "OUT/results.json, OUT/predictions.jsonl, OUT/hop_posteriors.png and OUT/checkpoint.pt (with the vocabulary).",
+        "OUT/results.json (with the fit's and the hops' diagnostics, each also printed as a warning line, and with "
+        "--starts every start's record), OUT/predictions.jsonl, OUT/hop_posteriors.png and OUT/checkpoint.pt (with "
+        "the vocabulary).",
     )
     qa.add_argument("--train", type=Path, required=True, help="training questions (.jsonl); the vocabulary comes from it")
     qa.add_argument("--test", type=Path, required=True, help="test questions (.jsonl)")
@@ -41,11 +46,26 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     qa.add_argument("--batch-size", type=positive_int, default=None, help="questions per SVI step (default: the head's)")
     qa.add_argument("--valid-fraction", type=fraction, default=None,
                     help="hold out this share of the training questions to watch the held-out log-likelihood")
+    add_starts_arguments(qa, positive_int)
     qa.add_argument("--figure-rows", type=positive_int, default=3, help="test questions drawn in the figure (default: 3)")
     qa.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     qa.add_argument("--overwrite", action="store_true", help="replace the run in --out if it holds a checkpoint")
     qa.add_argument("--no-progress", action="store_true", help="no progress display")
     return qa
+
+
+def add_starts_arguments(command, positive_int=int) -> None:
+    """``--starts`` and ``--processes`` (SVI's several starts, ``fit_svi(starts=K, processes=P)``) on ``command``:
+    ``qa``, ``babi`` and ``train`` take them alike."""
+    starts = command_defaults.STARTS
+    command.add_argument("--starts", type=positive_int, default=starts,
+                         help="fit this many SVI starts (start 0 the plain fit, the others perturbed) and keep the one "
+                         "with the best held-out log-likelihood (on the held-out data given, --val or --valid-fraction, "
+                         "else a tenth of the training data); every start is recorded in the results; SVI only "
+                         f"(default: {starts}, one plain fit; docs/svi.md)")
+    command.add_argument("--processes", type=positive_int, default=None,
+                         help="with --starts: processes that fit starts at once (default: one per start up to the "
+                         "usable cores; 1 on a GPU)")
 
 
 def qa_command(args) -> int:
@@ -60,7 +80,8 @@ def qa_command(args) -> int:
     results = run_qa(train, test, args.hops, args.out, seed=args.seed, steps=args.steps, lr=args.lr,
                      batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
-                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim)
+                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim, starts=args.starts,
+                     processes=args.processes)
     print(json.dumps(results))
     return 0
 
@@ -78,6 +99,6 @@ def babi_facts_command(args) -> int:
     results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops,
                              memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
                              batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress,
-                             log=print_note)
+                             log=print_note, starts=args.starts, processes=args.processes)
     print(json.dumps(results))
     return 0

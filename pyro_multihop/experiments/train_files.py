@@ -6,10 +6,11 @@ Two steps, so that the command can print between them:
   (each process then reads only its shard of the rows, :mod:`pyro_multihop.distributed`), reads the data, fixes
   the vocabulary sizes and, for SVI, builds the head (:func:`pyro_multihop.models.registry.build_head`) and
   checks that a checkpoint to ``resume`` holds that head. Every refusal comes before anything is written.
-- :func:`finish_training` fits the head by SVI (:func:`~pyro_multihop.train.fit_svi`) or EM
-  (:mod:`pyro_multihop.em.em_runs`), evaluates it on every process's rows and, on rank 0 alone, writes
-  ``metrics.csv``, ``loss.png`` (and ``accuracy.png`` with held-out data) and ``summary.json``; it returns
-  the lines the command prints.
+- :func:`finish_training` fits the head by SVI (:func:`~pyro_multihop.train.fit_svi`, ``--starts K`` starts)
+  or EM (:mod:`pyro_multihop.em.em_runs`), evaluates it on every process's rows and, on rank 0 alone, writes
+  ``metrics.csv``, ``loss.png`` (and ``accuracy.png`` with held-out data) and ``summary.json`` (an SVI run's
+  with its ``diagnostics`` and, with several starts, ``starts``: :mod:`pyro_multihop.experiments.fit_findings`);
+  it returns the lines the command prints, a ``warning: <message> (try: <hint>)`` line for each diagnostic.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from .. import distributed
 from ..checkpoint import read_checkpoint
+from ..diagnostics import DiagnosticWarning
 from ..em.em_runs import run_chained_em, run_variational_em
 from ..models.registry import build_head
 from ..plots import plot_training_curves
@@ -31,6 +33,7 @@ from ..runs import BEST_CHECKPOINT_NAME, CHECKPOINT_NAME, RunDirError, prepare_r
 from ..train import OverfittingWarning, fit_svi, split_validation
 from . import command_defaults
 from .command_files import CommandError, load_data, save_figure, torch_device, write_json
+from .fit_findings import diagnostic_line, fit_findings, pass_on_unrecorded, starts_line
 
 __all__ = ["TrainFilesSettings", "TrainingRun", "TrainReport", "gate_variance", "start_training", "finish_training",
            "training_title"]
@@ -57,6 +60,8 @@ class TrainFilesSettings:
     batch_size: Optional[int]
     tol: float
     seed: int
+    starts: int
+    processes: Optional[int]
     device: str
     dtype: str
     log_every: Optional[int]
@@ -116,6 +121,9 @@ def check_options(settings: TrainFilesSettings, device: torch.device) -> None:
         raise CommandError("--patience needs held-out data: --val FILE or --valid-fraction F")
     if settings.method != "em":
         return
+    if settings.starts > 1:
+        raise CommandError(f"--starts {settings.starts}: several starts are an SVI option (--method svi); EM fits "
+                           "one start")
     svi_only = (settings.batch_size is not None or settings.resume or settings.jit or settings.collapsed
                 or settings.patience is not None)
     if settings.model == "chained" and (svi_only or settings.lr is not None):
@@ -188,10 +196,10 @@ def finish_training(run: TrainingRun) -> Optional[TrainReport]:
     rank 0 (or without a process group), None on the other ranks, which print nothing."""
     settings = run.settings
     started = time.perf_counter()
-    best = None
+    best, findings = None, {}
     if settings.method == "svi":
         metrics, run_settings, notes, best = _fit_svi(run)
-        model = run.model
+        model, findings = run.model, fit_findings(metrics)
     else:
         model, metrics, run_settings, notes = _fit_em(run)
     seconds = time.perf_counter() - started
@@ -214,6 +222,7 @@ def finish_training(run: TrainingRun) -> Optional[TrainReport]:
         "best": best,
         "metrics": str(out / "metrics.csv"),
         "figures": [str(f) for f in figures],
+        **findings,
     }
     write_json(out / "summary.json", summary)
     lines = list(notes)
@@ -232,20 +241,23 @@ def finish_training(run: TrainingRun) -> Optional[TrainReport]:
 
 
 def _fit_svi(run: TrainingRun) -> tuple:
-    """``(metrics, settings, notes, best)`` of an SVI run; the OverfittingWarning becomes a note."""
+    """``(metrics, settings, notes, best)`` of an SVI run; the OverfittingWarning, the starts and the fit's
+    diagnostics become notes."""
     settings = run.settings
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", OverfittingWarning)
+        warnings.simplefilter("always", DiagnosticWarning)  # OverfittingWarning is one
         metrics = fit_svi(
             run.model, run.train_obs, num_steps=settings.steps, lr=settings.lr, batch_size=settings.batch_size,
             val=run.val_obs, patience=settings.patience, seed=settings.seed, progress=not settings.no_progress,
             jit=settings.jit, collapsed=settings.collapsed, log_every=settings.log_every, checkpoint=run.checkpoint,
-            checkpoint_every=settings.checkpoint_every, resume=settings.resume,
+            checkpoint_every=settings.checkpoint_every, resume=settings.resume, starts=settings.starts,
+            processes=settings.processes,
         )
+    records = fit_findings(metrics)
     notes = [f"warning: {w.message}" for w in caught if issubclass(w.category, OverfittingWarning)]
-    for other in caught:
-        if not issubclass(other.category, OverfittingWarning):
-            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    notes += [line for line in [starts_line(records.get("starts"))] if line is not None]
+    notes += [diagnostic_line(record) for record in records["diagnostics"]]
+    pass_on_unrecorded(caught, records["diagnostics"], skip=(OverfittingWarning,))
     if metrics.attrs["divergences"]:
         notes.append(f"note: {len(metrics.attrs['divergences'])} divergence(s) caught; best parameters restored each time")
     return metrics, metrics.attrs["settings"], notes, metrics.attrs.get("best_val")

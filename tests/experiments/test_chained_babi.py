@@ -17,6 +17,8 @@ def test_babi_command_trains_evaluates_and_draws(tmp_path, capsys):
     assert results["task"] == 1 and results["hops"] == 1 and results["n_test"] == 1000
     # Task 1 needs one hop and recency: 80 steps on 300 questions answer 0.96 of the test questions.
     assert results["answer_accuracy"] > 0.9 and results["fact_accuracy"] > 0.9
+    # An SVI run records the fit's diagnostics (records of kind, message, hint); one start: no "starts".
+    assert all(set(d) == {"kind", "message", "hint"} for d in results["diagnostics"]) and "starts" not in results
     assert (out / "hop_posteriors.png").stat().st_size > 10_000
     captured = capsys.readouterr()
     assert json.loads(captured.out.strip().splitlines()[-1]) == results
@@ -74,6 +76,9 @@ def test_babi_command_errors_are_one_line(tmp_path, capsys):
         (["babi", "--task", "1", "--data-dir", str(bad), "--out", str(tmp_path / "o")], "qa1_x_train.txt:2:"),
         (["babi", "--task", "0", "--out", str(tmp_path / "o")], "task"),
         (["babi", "--task", "1", "--steps", "0", "--out", str(tmp_path / "o")], "--steps"),
+        (["babi", "--task", "1", "--starts", "0", "--out", str(tmp_path / "o")], "--starts"),
+        (["babi", "--encoding", "positions", "--method", "em", "--starts", "2", "--task", "1", "--out",
+          str(tmp_path / "o")], "starts = 2 (--starts): several starts are an SVI option; EM fits one start"),
     ]
     for argv, fragment in cases:
         code = main(argv)

@@ -16,6 +16,7 @@ import torch
 from pyro_multihop.cli import main
 from pyro_multihop.datasets.qa_jsonl import AnswerNotInFactsWarning, QAFormatError, QARecord, read_qa_jsonl, write_qa_jsonl
 from pyro_multihop.experiments import qa, qa_apply
+from pyro_multihop.experiments.fit_findings import diagnostic_line
 from pyro_multihop.train import svi_run
 
 CITIES = [f"c{i}" for i in range(5)]
@@ -226,11 +227,13 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
     assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "1", "--steps", "1", "--out",
                  str(tmp_path / "command"), "--no-progress"]) == 0
     notes = capsys.readouterr().err.strip().splitlines()
+    # Then the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
+    diagnostics = json.loads((tmp_path / "command" / "results.json").read_text())["diagnostics"]
     assert notes == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question ({train}:1, "
                      f"{train}:2): only the emission table can learn them (a copy cannot produce them)",
                      f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
                      f"{test}:2): a copy cannot produce them, only the learnt emission table, and only answers seen "
-                     "in training"]
+                     "in training"] + [f"pyro-multihop: {diagnostic_line(record)}" for record in diagnostics]
 
 
 # -- the commands evaluate, predict, paths and inspect on facts files ---------------------------------------

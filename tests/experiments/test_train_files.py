@@ -27,7 +27,7 @@ def settings(data: Path, out: Path, **options) -> TrainFilesSettings:
     """The settings of ``pyro-multihop train --data DATA --out OUT --no-progress`` and ``options``."""
     defaults = dict(val=None, valid_fraction=None, patience=None, model="chained", method="svi", hops=2, sigma2=None,
                     embed_dim=8, symbols=None, targets=None, steps=None, lr=None, batch_size=None, tol=1e-6, seed=0,
-                    device="cpu", dtype="float32", log_every=None, checkpoint_every=None, resume=False,
+                    starts=1, processes=None, device="cpu", dtype="float32", log_every=None, checkpoint_every=None, resume=False,
                     overwrite=False, jit=False, collapsed=False, no_progress=True)
     return TrainFilesSettings(data=data, out=out, **{**defaults, **options})
 
@@ -67,6 +67,7 @@ def test_an_em_run_takes_the_registry_gate_variance(files, tmp_path):
     (dict(patience=2), "--patience needs held-out data"),
     (dict(method="em", lr=0.1), "svi only"),
     (dict(method="em", model="tied", batch_size=4), "svi only"),
+    (dict(method="em", starts=2), "--starts 2: several starts are an SVI option"),
     (dict(device="warp-drive"), "--device must be a torch device"),
     (dict(symbols=5), "does not fit --symbols/--targets"),
 ])
