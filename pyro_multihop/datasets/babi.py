@@ -264,12 +264,13 @@ class BabiData:
         """Share of questions whose hop path lands on the supporting facts in order (see :func:`fact_matches`)."""
         return float(fact_matches(self.path_statements(paths), self.supporting).double().mean())
 
-    def statement_marginals(self, hop_marginals: torch.Tensor, row: int) -> torch.Tensor:
+    def statement_marginals(self, hop_marginals: torch.Tensor, row: int, column: Optional[int] = None) -> torch.Tensor:
         """``(M, L)`` posterior mass of each of row ``row``'s ``M`` context statements at each hop (the
-        statement's two positions summed), rows in story order."""
+        statement's two positions summed), rows in story order. ``hop_marginals`` ``(L, n, N)`` holds row ``row``
+        in its column ``column`` (default ``row``: the marginals of every row)."""
         ids = torch.tensor([story_id for story_id, _ in self.contexts[row]])
         owner = (self.position_statement[row].unsqueeze(0) == ids.unsqueeze(1)).to(hop_marginals.dtype)  # (M, N)
-        return owner @ hop_marginals[:, row].t()
+        return owner @ hop_marginals[:, row if column is None else column].t()
 
 
 def fact_matches(path_statements: torch.Tensor, supporting: Sequence[Optional[Sequence[int]]]) -> torch.Tensor:

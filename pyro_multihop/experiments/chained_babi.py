@@ -26,6 +26,7 @@ import torch
 from ..checks import renamed_keyword
 from ..datasets.babi import DEFAULT_MEMORY, BabiData, load_task
 from ..models import ChainedAttention
+from ..plots import facts_to_draw
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
 from .command_defaults import BABI_EM_ITERATIONS, BABI_SIGMA2, BABI_SVI
@@ -68,27 +69,32 @@ def evaluate_babi(head: ChainedAttention, data: BabiData) -> dict:
 def plot_hop_posteriors(head: ChainedAttention, data: BabiData, rows, path=None, max_statements: int = 14,
                         title: Optional[str] = None):
     """Figure of the posterior hop marginals of some questions: statements as row labels, hops as columns,
-    the supporting facts marked with ``*``, a colour bar of the posterior mass. Returns the matplotlib figure
-    (saved to ``path`` if given)."""
+    the supporting facts marked with ``*``, a colour bar of the posterior mass. A story of more than
+    ``max_statements`` statements shows the ones that carry the mass (the top statements of each hop, the
+    supporting ones and the MAP path's: :func:`~pyro_multihop.plots.facts_to_draw`), so that no hop attends
+    outside the panel. Returns the matplotlib figure (saved to ``path`` if given)."""
     import matplotlib.pyplot as plt
 
     rows = list(rows)
     with torch.no_grad():
         hop_marginals = head.hop_marginals(data.obs[torch.tensor(rows)])
-    figure, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows) + 0.8, 0.32 * max_statements + 2.0),
+    figure, axes = plt.subplots(1, len(rows), figsize=(6.4 * len(rows) + 0.8, 0.32 * max_statements + 2.0),
                                 squeeze=False)
     image = None
     for column, (ax, row) in enumerate(zip(axes[0], rows)):
-        marginals = data.statement_marginals(hop_marginals, column)  # (M, L) over the row's statements
-        context = data.contexts[row][-max_statements:]
-        marginals = marginals[-len(context):]
-        image = ax.imshow(marginals.numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1)
-        facts = data.supporting[row]
-        labels = [f"{'*' if story_id in facts else ' '}{story_id}: {text}" for story_id, text in context]
-        ax.set_yticks(range(len(context)), labels, fontsize=7)
+        marginals = data.statement_marginals(hop_marginals, row, column)  # (M, L) over the row's statements
+        context, facts = data.contexts[row], data.supporting[row] or ()
+        supporting = [index for index, (story_id, _) in enumerate(context) if story_id in facts]
+        drawn = facts_to_draw(marginals.t().numpy(), marginals.argmax(0).tolist(), supporting, len(context),
+                              max_facts=max_statements)
+        image = ax.imshow(marginals[drawn].numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1)
+        labels = [f"{'*' if context[i][0] in facts else ' '}{context[i][0]}: {context[i][1]}" for i in drawn]
+        ax.set_yticks(range(len(drawn)), labels, fontsize=7)
         ax.set_xticks(range(head.n_hops), [f"hop {hop + 1}" for hop in range(head.n_hops)])
         question = " ".join(data.questions[row].question)
-        ax.set_title(f"{question}? -> {data.questions[row].answer}\n(* supporting: {' '.join(map(str, facts))})", fontsize=8)
+        shown = "" if len(drawn) == len(context) else f"; {len(drawn)} of {len(context)} statements shown"
+        ax.set_title(f"{question}? -> {data.questions[row].answer}\n(* supporting: {' '.join(map(str, facts))}"
+                     f"{shown})", fontsize=8)
     figure.suptitle(title or f"posterior hop marginals of {len(rows)} test question(s), {head.n_hops} hop(s)", fontsize=10)
     figure.tight_layout()
     figure.colorbar(image, ax=list(axes[0]), label="posterior probability of the statement at the hop", shrink=0.9)

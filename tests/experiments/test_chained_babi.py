@@ -3,6 +3,8 @@ run folder, progress, the vocabulary in the checkpoint and words in ``inspect``.
 
 import json
 
+import torch
+
 from pyro_multihop.cli import main
 from pyro_multihop.datasets import babi
 
@@ -101,3 +103,23 @@ def test_babi_benchmark_smoke(tmp_path):
     table = (tmp_path / "babi.md").read_text()
     assert "| 1 | 1k | 1 |" in table and "| 1 | 1k | 2 |" in table
     assert (tmp_path / "babi_runs" / "task1_L2" / "checkpoint.pt").is_file()
+
+
+def test_the_figure_of_a_long_story_draws_every_hops_map_statement_and_the_supporting_ones():
+    """Task 3's stories run past the panel's 14 statements: the drawn ones must hold each hop's most probable
+    statement and the supporting statements, for rows that are not the first (each row its own marginals)."""
+    from pyro_multihop.experiments.chained_babi import babi_head, plot_hop_posteriors
+
+    train, test = babi.load_task(3, max_train=50)
+    head = babi_head(train, 3)
+    long_rows = [row for row in range(len(test)) if len(test.contexts[row]) > 30][1:3]
+    figure = plot_hop_posteriors(head, test, long_rows, max_statements=14)
+    with torch.no_grad():
+        marginals = head.hop_marginals(test.obs[torch.tensor(long_rows)])
+    for column, (axis, row) in enumerate(zip(figure.axes, long_rows)):
+        drawn = {int(label.get_text().lstrip("* ").split(":")[0]) for label in axis.get_yticklabels()}
+        per_statement = test.statement_marginals(marginals, row, column)  # (M, L)
+        ids = [story_id for story_id, _ in test.contexts[row]]
+        assert {ids[i] for i in per_statement.argmax(0).tolist()} <= drawn
+        assert set(test.supporting[row]) <= drawn
+        assert len(drawn) < len(ids) and "statements shown" in axis.get_title()
