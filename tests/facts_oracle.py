@@ -74,6 +74,23 @@ def gate(p, obs, row, hop, previous, D):
     return dict(zip(real, torch.log_softmax(scores, 0)))
 
 
+def comparison(p, obs, row, i):
+    """``(weight, (S,) p_compare(. | fact i))`` of the emission's comparison component from its definition: the
+    emission's own softmax over the real question tokens, the matches of the chosen token with each real field."""
+    fi = real_field_symbols(obs, row, i)
+    tokens = [m for m in range(obs.question_len) if bool(obs.real_tokens()[row, m])]
+    last = p["compare_position"].shape[0] - 1
+    question = [int(obs.question[row, m]) for m in tokens]
+    weights = torch.softmax(torch.stack([p["compare_choice"][q] + p["compare_position"][min(m, last)]
+                                         for m, q in zip(tokens, question)]), 0)
+    logits = p["compare_bias"]
+    for b, symbol in fi.items():
+        match = sum(w * float(q == symbol) for w, q in zip(weights, question))
+        logits = logits + match * p["compare_logits"][b]
+    gate = torch.exp(sum(p["compare_by_symbol"][symbol] for symbol in fi.values()))
+    return gate, torch.softmax(logits, 0)
+
+
 def emission(p, obs, row, i):
     """``(S,)`` ``log p(target | fact i)`` from the mixture's definition."""
     fi = real_field_symbols(obs, row, i)
@@ -85,6 +102,9 @@ def emission(p, obs, row, i):
         copy = mix[F + a] * torch.exp(p["copy_by_symbol"][symbol])
         probs = probs + mix[a] * torch.softmax(p["emission_tables"][a, symbol], 0) + copy * torch.eye(S, dtype=torch.float64)[symbol]
     norm = sum(mix[a] + mix[F + a] * torch.exp(p["copy_by_symbol"][symbol]) for a, symbol in fi.items())
+    gate, compared = comparison(p, obs, row, i)
+    probs = probs + mix[2 * F] * gate * compared
+    norm = norm + mix[2 * F] * gate
     return torch.log(probs / norm)
 
 

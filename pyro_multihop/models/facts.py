@@ -30,13 +30,19 @@ Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) s
 ``age_j`` counts the real facts after ``j``, ``rank_j`` those before it; ``near_before^a(i)``
 (``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
 Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission
-mixes, over the real fields ``a`` of the last fact, a learned table and a copy::
+mixes, over the real fields ``a`` of the last fact, a learned table and a copy, and a comparison of question
+tokens with the fact's fields (:mod:`.fact_comparison`)::
 
     p(t | fact i) ∝ sum_a [real field a of i] (mix[0, a] softmax(emission_tables[a][f_i^a])[t]
                                               + mix[1, a] exp(copy_by_symbol[f_i^a]) [t == f_i^a])
+                    + mix[2 F] exp(sum_a compare_by_symbol[f_i^a]) p_compare(t | i)
+    p_compare(t | i) = softmax_t(compare_bias[t] + sum_b match_b(i) compare_logits[b, t]),
+    match_b(i) = sum_m w_E[m] [q_m == f_i^b],   w_E = softmax_m(compare_choice[q_m] + compare_position[min(m, P)])
 
-with ``mix = softmax(emission_mix)`` over the ``2 F`` components: how much a field's copy weighs depends on
-the symbol it would copy (a place, not a time word). Every term depends on the previous hop
+with ``mix = softmax(emission_mix)`` over the ``2 F + 1`` components: how much a field's copy weighs depends on
+the symbol it would copy (a place, not a time word), how much the comparison weighs on the fact's symbols.
+The comparison answers from whether the question's chosen token equals a field (yes / no / maybe, in
+whatever symbols), so it needs no word list and carries over to symbols never seen. Every term depends on the previous hop
 only through its fact ``i``, so the hop latents form a Markov chain over facts: the likelihood, marginals,
 MAP and k-best paths, samples and entropy are exact (the engine's dense route, ``O(L N^2)`` per row).
 ``ChainedAttention`` is the special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0, 0]``
@@ -70,6 +76,7 @@ from ..gate_ops import flat_gather, log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
+from . import fact_comparison as comparison
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
@@ -97,8 +104,9 @@ PARAMETER_SHAPES = {
     "nearest_weights": "(L - 1, 2, F)",
     "nearest_by_symbol": "(L - 1, 2, F, S)",
     "emission_tables": "(F, S, S)",
-    "emission_mix": "(2 F,)",
+    "emission_mix": "(2 F + 1,)",
     "copy_by_symbol": "(S,)",
+    **comparison.COMPARISON_SHAPES,
 }
 
 
@@ -112,7 +120,7 @@ def parameter_shapes(embed_dim: Optional[int] = None) -> dict:
 
 
 def _shape(spec: str, L: int, F: int, S: int, P: int, D: int = 0) -> tuple:
-    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F": 2 * F, "2": 2, "D": D}
+    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F + 1": 2 * F + 1, "2": 2, "D": D}
     return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
 
 
@@ -149,7 +157,7 @@ class FactAttention(HopAttentionHead):
     :param dtype: dtype of the parameters (default: torch's default).
     :param dict init: optional initial values ``{name: tensor}`` (shapes as in :func:`parameter_shapes`);
         ``emission_mix`` may be given as probabilities under the name ``"emission_mix_probs"`` (zeros allowed:
-        a component switched off exactly).
+        a component switched off exactly; ``2 F`` of them: the tables and copies, the comparison switched off).
     :param int embed_dim: None (default): the ``S x S`` tables. ``D``: symbol embeddings of ``D`` dimensions in
         their place (:mod:`.symbol_embedding`: ``O(S D)`` parameters and memory, for large vocabularies);
         ``symbol_embedding`` and ``output_embedding`` start random (seeded by ``seed``), everything else at 0.
@@ -179,7 +187,7 @@ class FactAttention(HopAttentionHead):
         init = dict(init or {})
         probs = init.pop("emission_mix_probs", None)
         if probs is not None:
-            init["emission_mix"] = _mix_logits(torch.as_tensor(probs, dtype=dtype), 2 * num_fields)
+            init["emission_mix"] = _mix_logits(torch.as_tensor(probs, dtype=dtype), num_fields)
         shapes = parameter_shapes(self.embed_dim)
         unknown = sorted(set(init) - set(shapes))
         if unknown:
@@ -209,9 +217,15 @@ class FactAttention(HopAttentionHead):
 
     def checkpoint_mismatch(self, config: dict, state_dict: dict) -> Optional[str]:
         """Why a checkpoint's parameters cannot load into this head when one holds the tables and the other the
-        symbol embeddings (read from the state dict's names), with what to do; None otherwise."""
+        symbol embeddings, or when it was written before the emission's comparison component (an ``emission_mix``
+        of ``2 F`` entries, no ``compare_*`` parameters), read from the state dict's names, with what to do; None
+        otherwise."""
         theirs = "symbol_embedding" in state_dict
         if theirs == (self.embed_dim is not None) or not ("question_tables" in state_dict or theirs):
+            if "emission_mix" in state_dict and not any(name in state_dict for name in comparison.COMPARISON_SHAPES):
+                return ("the checkpoint was written before FactAttention's emission had its comparison component "
+                        f"(emission_mix of 2 F = {2 * self.num_fields} entries, no {', '.join(comparison.COMPARISON_SHAPES)}): "
+                        "its parameters do not fit this head; train a new run")
             return None
         stored = f"an embedded head (embed_dim={config.get('embed_dim')})" if theirs else "a table head (embed_dim=None)"
         build = f"embed_dim={config.get('embed_dim')} (pyro-multihop qa --embed-dim {config.get('embed_dim')})" \
@@ -222,7 +236,7 @@ class FactAttention(HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol`` (a Gaussian prior of precision ``n * 3e-2``). Adam steps every table entry as far as
+        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol`` (a Gaussian prior of precision ``n * 3e-2``). Adam steps every table entry as far as
         a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
         weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
         the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
@@ -233,7 +247,7 @@ class FactAttention(HopAttentionHead):
         head decays its ``symbol_embedding`` and the question and content forms in place of the tables: through
         them it can memorise the training entities as the tables do (docs/facts.md, "Symbol embeddings")."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
-                  "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol")
+                  "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol")
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             tables = ("symbol_embedding", "question_bilinear", "content_bilinear") + tables[2:]
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
@@ -255,12 +269,9 @@ class FactAttention(HopAttentionHead):
 
     def question_weights(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, M)``: hop ``hop``'s soft choice among the question's real tokens (rows on the simplex)."""
-        M, P = chunk.question.shape[1], self.max_question_len
         # Positions past the P-th share its logit (a question longer than the training ones is read, not refused).
-        position = self.question_position[hop, :M] if M <= P else \
-            self.question_position[hop, torch.arange(M, device=chunk.question.device).clamp(max=P - 1)]
-        logits = padded(self.question_choice[hop], 1)[chunk.question] + position
-        return log_normalize(logits.masked_fill(~chunk.real_tokens, MASKED_LOGIT)).exp()
+        return comparison.token_weights(padded(self.question_choice[hop], 1), self.question_position[hop],
+                                        chunk.question, chunk.real_tokens)
 
     def question_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``:
@@ -366,21 +377,23 @@ class FactAttention(HopAttentionHead):
         Mixed in probability space (``F`` row lookups and one scatter of the copies), then one logarithm;
         a probability below the dtype's smallest normal number is raised to it (so a target the mixture
         cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
-        tables, copies, total = self._mixture_weights(obs)
+        tables, copies, compares, total, matches = self._mixture_weights(obs)
         if self.embed_dim is not None:
             probs = embedded.table_probs(obs.facts, self.symbol_embedding, self.emission_bilinear,
                                          self.output_embedding, self.answer_bias, tables)
-            probs = probs.scatter_add(-1, obs.facts, copies)
-            return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
-        rows = self.emission_tables.softmax(-1)  # (F, S, S)
-        probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a]) for a in range(self.num_fields))
+        else:
+            rows = self.emission_tables.softmax(-1)  # (F, S, S)
+            probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a])
+                        for a in range(self.num_fields))
         probs = probs.scatter_add(-1, obs.facts, copies)
+        probs = probs + compares * comparison.comparison_probs(matches, self.compare_logits, self.compare_bias)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
 
     def target_log_probs(self, obs: FactObservations) -> torch.Tensor:
-        """``(c, N)``: :meth:`emission_log_probs` at each row's target only, in ``O(c N F)`` (the engine's
-        ``position_target``: the likelihood and the path queries need no ``(c, N, S)`` table)."""
-        tables, copies, total = self._mixture_weights(obs)
+        """``(c, N)``: :meth:`emission_log_probs` at each row's target only, the tables and copies in ``O(c N F)``,
+        the comparison's normaliser in blocks of answers (the engine's ``position_target``: the likelihood and the
+        path queries need no ``(c, N, S)`` table)."""
+        tables, copies, compares, total, matches = self._mixture_weights(obs)
         target = obs.target.view(-1, 1).expand(obs.facts.shape[:2])  # (c, N)
         if self.embed_dim is not None:  # the normaliser over S answers in blocks, no (c, N, S) table
             table_probs = embedded.table_log_probs(obs.facts, obs.target, self.symbol_embedding, self.emission_bilinear,
@@ -390,19 +403,28 @@ class FactAttention(HopAttentionHead):
             table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], target)
                                        for a in range(self.num_fields)], -1).exp()
         probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
+        compared = comparison.comparison_log_probs(matches, obs.target, self.compare_logits, self.compare_bias).exp()
+        probs = probs + compares * compared.unsqueeze(-1)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
 
     def _mixture_weights(self, obs: FactObservations):
-        """``(table weights (c, N, F), copy weights (c, N, F), their total (c, N, 1))`` over each fact's real
-        fields: ``mix[0, a]`` and ``mix[1, a] exp(copy_by_symbol[f_i^a])``, all scaled by ``exp(-m)``, ``m`` the
-        largest positive ``copy_by_symbol``, so that none overflows (total 1 at padded facts, never attended)."""
-        real = obs.real_fields().to(self.emission_mix.dtype)  # (c, N, F)
-        mix = self.emission_mix.softmax(-1).view(2, self.num_fields)
-        top = self.copy_by_symbol.detach().max().clamp_min(0)
-        copy_scale = (self.copy_by_symbol - top).exp().take(obs.facts)  # (c, N, F)
-        tables, copies = real * (mix[0] * torch.exp(-top)), real * mix[1] * copy_scale
-        total = (tables + copies).sum(-1, keepdim=True)
-        return tables, copies, total.masked_fill(total == 0, 1.0)
+        """``(table weights (c, N, F), copy weights (c, N, F), comparison weight (c, N, 1), their total (c, N, 1),
+        the comparison's matches (c, N, F))``: over each fact's real fields ``mix[0, a]`` and
+        ``mix[1, a] exp(copy_by_symbol[f_i^a])``, and ``mix[2 F] exp(sum_a compare_by_symbol[f_i^a])``, formed in
+        log space and scaled by each fact's largest, so that none overflows."""
+        chunk = self._chunk(obs)
+        F = self.num_fields
+        real = chunk.real_fields  # (c, N, F)
+        mix = self.emission_mix.log_softmax(-1)
+        copy_logits = padded(self.copy_by_symbol, 1)[chunk.fields]  # (c, N, F), padded fields 0
+        compare_logits = padded(self.compare_by_symbol, 1)[chunk.fields].sum(-1, keepdim=True)  # (c, N, 1)
+        logits = torch.cat([mix[:F] + torch.zeros_like(copy_logits), mix[F:2 * F] + copy_logits], -1)
+        logits = torch.cat([logits.masked_fill(~real.repeat(1, 1, 2), MASKED_LOGIT), mix[2 * F] + compare_logits], -1)
+        weights = (logits - logits.detach().max(-1, keepdim=True).values).exp()  # (c, N, 2 F + 1)
+        weights_e = comparison.token_weights(padded(self.compare_choice, 1), self.compare_position,
+                                             chunk.question, chunk.real_tokens)
+        matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
+        return weights[..., :F], weights[..., F:2 * F], weights[..., 2 * F:], weights.sum(-1, keepdim=True), matches
 
     @property
     def log_emission(self) -> torch.Tensor:
@@ -420,14 +442,14 @@ class FactAttention(HopAttentionHead):
         def extra_elements(N: int) -> float:
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
             # hop, the emission's logaddexps, the question's (M, F, N) index and matches
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 5 * N * S + 3 * P * N * F
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 6 * N * S + 3 * P * N * F
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop, the
             # question's (M, N, F) matches, the facts' embeddings and their products with the forms, the
             # (c, N, S) emission of predictions (its normaliser's blocks take a quarter of the budget beside)
             D = self.embed_dim
-            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 3 * N * S + 3 * P * N * F + 4 * L * N * F * D
+            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 4 * N * S + 3 * P * N * F + 4 * L * N * F * D
 
         return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
                                extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
@@ -495,9 +517,14 @@ def _rows(obs: FactObservations, index: torch.Tensor, subsample_size: Optional[i
     return obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
 
 
-def _mix_logits(probs: torch.Tensor, size: int) -> torch.Tensor:
+def _mix_logits(probs: torch.Tensor, num_fields: int) -> torch.Tensor:
+    """``emission_mix`` from probabilities: ``2 F + 1`` of them, or ``2 F`` (the comparison switched off)."""
+    size = 2 * num_fields + 1
+    if probs.shape == (size - 1,):
+        probs = torch.cat([probs, probs.new_zeros(1)])
     if probs.shape != (size,) or (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-6:
-        raise ValueError(f"emission_mix_probs must be {size} non-negative numbers summing to 1, got {probs.tolist()}")
+        raise ValueError(f"emission_mix_probs must be {size} (or {size - 1}, the comparison off) non-negative numbers "
+                         f"summing to 1, got {probs.tolist()}")
     return torch.where(probs > 0, probs.log(), torch.full_like(probs, MASKED_LOGIT))
 
 
