@@ -44,8 +44,9 @@ def token_weights(choice: torch.Tensor, position: torch.Tensor, question: torch.
                   real_tokens: torch.Tensor) -> torch.Tensor:
     """``(c, M)``: ``softmax_m(choice[q_m] + position[min(m, P)])`` over the real tokens (rows on the simplex).
 
-    :param choice: ``(S + 1,)`` logits by symbol, the last (padding's) unused. :param position: ``(P,)``; tokens
-    past the ``P``-th share its logit. :param question: ``(c, M)``, padding mapped to ``S``.
+    :param choice: ``(S + 1,)`` logits by symbol, the last (padding's) unused.
+    :param position: ``(P,)``; tokens past the ``P``-th share its logit.
+    :param question: ``(c, M)``, padding mapped to ``S``.
     :param real_tokens: ``(c, M)`` bool.
     """
     M, P = question.shape[1], position.shape[0]

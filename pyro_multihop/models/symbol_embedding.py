@@ -81,8 +81,11 @@ def question_term(weights, question, fields, real_fields, asked, facts, equality
 def pair_term(fields, real_fields, facts, equality, bilinear) -> torch.Tensor:
     """``(c, N, N)``: ``sum_{a, b} equality[a, b] [f_i^a == f_j^b] + e_{f_i^a}^T bilinear[a, b] e_{f_j^b}``.
 
-    :param fields: ``(c, N, F)``. :param real_fields: ``(c, N, F)`` bool. :param facts: ``(c, N, F, D)`` their
-    embeddings (zero at padding). :param equality: ``(F, F)``. :param bilinear: ``(F, F, D, D)``.
+    :param fields: ``(c, N, F)``.
+    :param real_fields: ``(c, N, F)`` bool.
+    :param facts: ``(c, N, F, D)`` their embeddings (zero at padding).
+    :param equality: ``(F, F)``.
+    :param bilinear: ``(F, F, D, D)``.
     """
     c, N, F, D = facts.shape
     facts = facts.reshape(c, N, F * D)  # padded fields are zero rows
