@@ -290,6 +290,7 @@ def diagnose_hops(
     *,
     flat: float = 0.9,
     share: float = 0.8,
+    fixed: float = 0.5,
     spread: float = 0.01,
     warn: bool = True,
     stacklevel: int = 2,
@@ -303,8 +304,9 @@ def diagnose_hops(
       choosing one (rows with a single real position are left out);
     - :class:`CopiedHopWarning`: hop ``l``'s MAP position equals hop ``l - 1``'s on at least ``share`` of
       the rows (neither hop flat);
-    - :class:`FixedHopWarning`: one position is the hop's MAP position on at least ``share`` of the rows
-      (the hop not flat), as when every row's hop sits on the first fact;
+    - :class:`FixedHopWarning`: one position is the hop's MAP position on at least ``fixed`` of the rows (the
+      hop not flat), as when a hop sits on each row's first fact (bAbI task 3's idle first hop: about 60 % of
+      the rows, where the rows' facts differ);
     - :class:`StartsDisagreeWarning`: the ``accuracies`` of several starts span more than ``spread``
       (:func:`diagnose_starts`).
 
@@ -312,7 +314,8 @@ def diagnose_hops(
     :param real: ``(n, N)`` bool, the real positions (facts) of each row (``obs.full_mask()``).
     :param accuracies: optional accuracy of each start of one fit (at least two to compare).
     :param float flat: share of the largest entropy from which a hop counts as flat.
-    :param float share: share of the rows on which a copied or fixed MAP position is flagged.
+    :param float share: share of the rows on which a copied MAP position is flagged.
+    :param float fixed: share of the rows on which one fixed MAP position is flagged (more than half: most rows).
     :param float spread: accuracy range over the starts that is flagged (0.01: more than a point).
     """
     marginals = torch.as_tensor(hop_marginals).detach().double()
@@ -321,7 +324,7 @@ def diagnose_hops(
         raise ValueError(f"hop_marginals must have shape (L, n, N), got {tuple(marginals.shape)}")
     if real.shape != marginals.shape[1:]:
         raise ValueError(f"real must have shape (n, N) = {tuple(marginals.shape[1:])}, got {tuple(real.shape)}")
-    for name, value in (("flat", flat), ("share", share)):
+    for name, value in (("flat", flat), ("share", share), ("fixed", fixed)):
         if not 0 < value <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {value!r}")
     found, flat_hops = [], set()
@@ -356,10 +359,10 @@ def diagnose_hops(
                 ))
         counts = torch.bincount(choices[hop], minlength=marginals.shape[2])
         position = int(counts.argmax())
-        fixed = float(counts[position]) / rows
-        if fixed >= share:
+        on_position = float(counts[position]) / rows
+        if on_position >= fixed:
             found.append(FixedHopWarning(
-                f"hop {hop + 1} chooses position {position} on {fixed:.0%} of the rows, whatever they hold",
+                f"hop {hop + 1} chooses position {position} on {on_position:.0%} of the rows, whatever they hold",
                 "unless the data put that hop's fact there, try more --starts or a lower --lr (e.g. 0.03)",
             ))
     if accuracies is not None:

@@ -269,7 +269,14 @@ def test_a_hop_on_one_fixed_position_is_flagged():
     found = diagnose_hops(marginals, real, warn=False)
     assert [type(d) for d in found] == [FixedHopWarning]
     assert "hop 3 chooses position 0 on 90% of the rows" in found[0].cause
-    assert hop_kinds(marginals, real, share=0.95) == []
+    assert hop_kinds(marginals, real, fixed=0.95) == []
+    # bAbI task 3's idle first hop sits on the first fact of about 60 % of the rows: most rows, flagged
+    fixed[24:] = varied(real, 2)[24:].clamp_min(1)  # 24 of 40 (60 %) on position 0
+    marginals[2] = sharp(fixed, real)
+    assert hop_kinds(marginals, real) == [(FixedHopWarning, "3")]
+    fixed[16:24] = 1  # 16 of 40 (40 %) on position 0, 8 more on position 1 (under half either way)
+    marginals[2] = sharp(fixed, real)
+    assert (fixed == 0).sum() == 16 and hop_kinds(marginals, real) == []
 
 
 def test_starts_that_disagree_by_more_than_a_point_are_flagged():
@@ -293,6 +300,8 @@ def test_bad_hop_inputs_raise():
         diagnose_hops(good_marginals(real), real[:, :3])
     with pytest.raises(ValueError, match="share"):
         diagnose_hops(good_marginals(real), real, share=0.0)
+    with pytest.raises(ValueError, match="fixed"):
+        diagnose_hops(good_marginals(real), real, fixed=1.5)
 
 
 def test_the_hops_of_a_head_are_checked_from_its_hop_marginals():
