@@ -323,6 +323,9 @@ def _babi_arguments(babi: argparse.ArgumentParser) -> None:
     babi.add_argument("--lr", type=_positive_float, default=None,
                       help=f"SVI learning rate (default: {defaults.BABI_SVI['lr']})")
     babi.add_argument("--batch-size", type=_positive_int, default=None, help="questions per SVI step (default: all)")
+    babi.add_argument("--comparison", action="store_true",
+                      help="facts encoding: yes / no / maybe answers from comparisons of question tokens with the "
+                      "attended fact's fields (the emission's comparison component; default: off)")
     babi.add_argument("--memory", type=_positive_int, default=defaults.BABI_MEMORY,
                       help=f"statements kept before each question (default: {defaults.BABI_MEMORY})")
     babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")

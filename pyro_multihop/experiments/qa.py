@@ -166,17 +166,17 @@ def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
 
 
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
-               embed_dim: Optional[int] = None, seed: int = 0):
+               embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
     the last). Its parameters start at zero (uniform attention); with ``embed_dim=D``, its ``S x S`` tables are
-    symbol embeddings of ``D`` dimensions, drawn from ``seed``. With ``check_memory``, :func:`check_head_memory`
-    runs first."""
+    symbol embeddings of ``D`` dimensions, drawn from ``seed``; ``comparison``: the emission's comparison
+    component on. With ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
         check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim)
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
-                         embed_dim=embed_dim, seed=seed if embed_dim is not None else None)
+                         embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -301,7 +301,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
            overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
            log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None,
-           embed_dim: Optional[int] = None, starts: int = 1, processes: Optional[int] = None) -> dict:
+           embed_dim: Optional[int] = None, starts: int = 1, processes: Optional[int] = None,
+           comparison: bool = False) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
@@ -313,7 +314,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     :class:`~pyro_multihop.diagnostics.DiagnosticWarning` s). ``starts``, ``processes``: as :func:`train_qa`.
     The head is sized by the training questions (a longer test question shares the last question position)
     after :func:`check_head_memory`; ``embed_dim``: symbol embeddings of that dimension in place of its
-    ``S x S`` tables (:func:`facts_head`). ``hops``: the old name of ``n_hops``, deprecated."""
+    ``S x S`` tables (:func:`facts_head`); ``comparison``: the emission's comparison component on. ``hops``:
+    the old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if out is None:
         raise TypeError("run_qa() missing required argument: 'out'")
@@ -321,7 +323,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     checkpoint = out / CHECKPOINT_NAME
     vocabulary = QAVocabulary.build(train_records)
     longest_question = max(len(record.question) for record in train_records)
-    head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed)
+    head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison)
     train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))

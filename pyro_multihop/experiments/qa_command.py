@@ -40,6 +40,9 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     qa.add_argument("--embed-dim", type=positive_int, default=None, metavar="D",
                     help="symbol embeddings of D dimensions in place of the S x S tables: memory O(S D), for large "
                     "vocabularies (default: the tables)")
+    qa.add_argument("--comparison", action="store_true",
+                    help="yes / no / maybe answers from comparisons of question tokens with the attended fact's fields "
+                    "(the emission's comparison component; default: off)")
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
@@ -80,7 +83,7 @@ def qa_command(args) -> int:
     results = run_qa(train, test, args.hops, args.out, seed=args.seed, steps=args.steps, lr=args.lr,
                      batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
-                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim, starts=args.starts,
+                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim, comparison=args.comparison, starts=args.starts,
                      processes=args.processes)
     print(json.dumps(results))
     return 0
@@ -99,6 +102,6 @@ def babi_facts_command(args) -> int:
     results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops,
                              memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
                              batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress,
-                             log=print_note, starts=args.starts, processes=args.processes)
+                             log=print_note, starts=args.starts, processes=args.processes, comparison=args.comparison)
     print(json.dumps(results))
     return 0

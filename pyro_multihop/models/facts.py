@@ -162,6 +162,10 @@ class FactAttention(HopAttentionHead):
         their place (:mod:`.symbol_embedding`: ``O(S D)`` parameters and memory, for large vocabularies);
         ``symbol_embedding`` and ``output_embedding`` start random (seeded by ``seed``), everything else at 0.
     :param int seed: seed of the random start of the embeddings (``embed_dim`` only; None: 0).
+    :param bool comparison: whether the emission's comparison component is on (:mod:`.fact_comparison`: yes /
+        no / maybe answers from matches of question tokens with the fact's fields). Off (the default), its
+        mixture logit starts at ``MASKED_LOGIT``, where its weight and its gradient are exactly 0, so the head
+        is the tables-and-copies head of earlier releases; an ``init`` of ``emission_mix`` overrides it.
 
     Example::
 
@@ -174,8 +178,9 @@ class FactAttention(HopAttentionHead):
 
     def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
-                 embed_dim: Optional[int] = None, seed: Optional[int] = None):
+                 embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False):
         super().__init__()
+        self.comparison = bool(comparison)
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.num_fields = check_positive_int("num_fields", num_fields)
         self.num_symbols = check_positive_int("num_symbols", num_symbols)
@@ -197,6 +202,9 @@ class FactAttention(HopAttentionHead):
             shape = _shape(spec, n_hops, num_fields, num_symbols, max_question_len, self.embed_dim or 0)
             if name in init:
                 value = _initial(name, init[name], shape, spec, dtype)
+            elif name == "emission_mix" and not self.comparison:
+                value = torch.zeros(shape, dtype=dtype)
+                value[-1] = MASKED_LOGIT  # the comparison component off: weight and gradient exactly 0
             elif name in embedded.RANDOM_START:
                 value = torch.randn(shape, generator=generator, dtype=dtype) / self.embed_dim ** 0.5
             else:
@@ -205,10 +213,11 @@ class FactAttention(HopAttentionHead):
 
     def config(self) -> dict:
         """The constructor's arguments; ``embed_dim`` only for an embedded head (a table head's configuration is
-        the one it always had, so that its checkpoints load as before)."""
+        the one it always had, so that its checkpoints load as before), ``comparison`` only where it is on."""
         config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
-        return config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
+        config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
+        return {**config, "comparison": True} if self.comparison else config
 
     def kind(self) -> str:
         """Which parameters this head has, in words: its ``S x S`` tables or its symbol embeddings."""
