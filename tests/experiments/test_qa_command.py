@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from pyro_multihop.checkpoint import load_checkpoint
 from pyro_multihop.cli import main
 from pyro_multihop.datasets.babi_facts import load_task_records
 from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary, read_qa_jsonl, write_qa_jsonl
@@ -146,3 +147,13 @@ def test_babi_command_runs_the_facts_head_by_default(tmp_path, capsys):
     code = main(["babi", "--task", "1", "--method", "em", "--out", str(tmp_path / "em")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "--encoding positions" in lines[0]
+
+
+def test_qa_comparison_flag_turns_the_emission_comparison_on(family_files, tmp_path):
+    train_path, test_path = family_files
+    for flag, expected in (([], False), (["--comparison"], True)):
+        out = tmp_path / f"run{len(flag)}"
+        assert main(["qa", "--train", str(train_path), "--test", str(test_path), "--hops", "2", "--steps", "1",
+                     "--out", str(out), "--no-progress", *flag]) == 0
+        head = load_checkpoint(out / "checkpoint.pt")[0]
+        assert head.comparison is expected and (float(head.emission_mix.softmax(-1)[-1]) > 0) is expected

@@ -170,3 +170,30 @@ def test_an_old_checkpoint_is_refused_with_the_reason(tmp_path):
     restored, _ = load_checkpoint(path)
     obs = fact_chain_task(10, num_facts=4, seed=0)
     assert torch.equal(restored.log_likelihood(obs), head.log_likelihood(obs))
+
+
+def test_the_comparison_is_off_by_default_exactly_and_on_when_asked(tmp_path):
+    """Off (the default), the component's mixture weight and every compare_* gradient are exactly 0, so the
+    likelihood is that of the same head with the tables and copies alone (init of 2 F mix probabilities); on,
+    the component weighs as much as each other one at the start, and the choice survives a checkpoint."""
+    obs = fact_chain_task(20, seed=0)
+    off = FactAttention(2, 3, obs.num_symbols, max_question_len=3, dtype=torch.float64)
+    mix = off.emission_mix.softmax(-1)
+    assert mix[-1] == 0 and torch.allclose(mix[:-1], torch.full((6,), 1 / 6, dtype=torch.float64))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in off.named_parameters():
+            if name != "emission_mix":
+                parameter.normal_(0, 0.5)
+    two_components = FactAttention(2, 3, obs.num_symbols, max_question_len=3, dtype=torch.float64,
+                                   init={"emission_mix_probs": [1 / 6] * 6})
+    two_components.load_state_dict({k: v for k, v in off.state_dict().items() if k != "emission_mix"}, strict=False)
+    assert torch.allclose(off.log_likelihood(obs), two_components.log_likelihood(obs), atol=1e-12)
+    off.log_likelihood(obs).sum().backward()
+    assert off.emission_mix.grad[-1] == 0
+    assert all(getattr(off, name).grad is None or not getattr(off, name).grad.any() for name in COMPARISON_SHAPES)
+    on = FactAttention(2, 3, obs.num_symbols, max_question_len=3, comparison=True)
+    assert torch.allclose(on.emission_mix.softmax(-1), torch.full((7,), 1 / 7))
+    assert on.config()["comparison"] is True and "comparison" not in off.config()
+    save_checkpoint(tmp_path / "on.pt", on)
+    assert load_checkpoint(tmp_path / "on.pt")[0].comparison is True
