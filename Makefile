@@ -15,8 +15,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
+# Two workers (CI and the project's machines have 2 cores); a test file stays on one worker, so module
+# fixtures (the Sphinx build, the spawned process groups) run once.
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: venv
 	$(PY) scripts/demo.py --out $(OUT)

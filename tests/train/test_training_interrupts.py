@@ -52,6 +52,16 @@ def test_a_signal_after_the_last_step_finishes_the_run_then_reports_it(tmp_path)
 
 
 def test_without_a_checkpoint_ctrl_c_interrupts_at_once():
+    # Python's own SIGINT handler, as in an interpreter the user runs (a pytest-xdist worker ignores SIGINT):
+    # without a checkpoint fit_svi leaves it in place
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_without_a_checkpoint()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_without_a_checkpoint():
     with pytest.raises(KeyboardInterrupt) as caught:
         fit_svi(small_head(), transitive_task(60, seed=0), num_steps=30, log_every=10, progress=False,
                 callback=_send_at(signal.SIGINT, 10))
