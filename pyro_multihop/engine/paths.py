@@ -41,15 +41,6 @@ def _chunks(factors: HopFactors, obs, route: str, budget, extra: float = 0.0):
         yield part, device_chunk(obs, part, device)
 
 
-def _emission(factors: HopFactors, chunk, given_target: bool, dtype):
-    """``(emission (c, N), shift (c,), ok (c,))`` as :func:`~.posterior.shifted_emission`, or 1 at every real
-    position without the target."""
-    if given_target:
-        return shifted_emission(factors, chunk)
-    real = chunk.full_mask()
-    return real.to(dtype), torch.zeros(len(chunk), dtype=dtype, device=real.device), torch.ones_like(real[:, 0])
-
-
 def _log_space_emission(log_emission: torch.Tensor, given_target: bool) -> torch.Tensor:
     return log_emission if given_target else torch.zeros_like(log_emission)
 
@@ -76,7 +67,7 @@ def _map_chunk(factors: HopFactors, chunk, route: str, given_target: bool, prepa
     prepared = prepare(factors, chunk, route) if prepared is None else prepared
     transitions = prepared.transitions
     if emission is None or not given_target:
-        emission = _emission(factors, chunk, given_target, prepared.init.dtype)
+        emission = shifted_emission(factors, chunk, given_target, prepared.init.dtype)
     emission, _, ok = emission
     floor = underflow_floor(emission.dtype)
     messages, kept = recurse(prepared.init, range(factors.n_hops - 1), _rescaled(transitions.max_forward, floor))
@@ -283,7 +274,7 @@ def _k_best_chunk(factors: HopFactors, chunk, route: str, k: int, budget, given_
     L, N = factors.n_hops, chunk.context_len
     prepared = prepare(factors, chunk, route)
     transitions = prepared.transitions
-    emission, _, ok = _emission(factors, chunk, given_target, prepared.init.dtype)
+    emission, _, ok = shifted_emission(factors, chunk, given_target, prepared.init.dtype)
     floor = underflow_floor(emission.dtype)
     cap = max(4 * k, 16)  # candidate positions a hop when pruning, at most
     pruned = torch.zeros_like(ok)
@@ -387,16 +378,18 @@ def k_best_paths(factors: HopFactors, obs, k: int, budget=None, given_target: bo
 
 
 # -- sampling ----------------------------------------------------------------------------------------------------
-def _sample_chunk(factors: HopFactors, chunk, route: str, num_samples: int, generator, budget=None):
+def _sample_chunk(factors: HopFactors, chunk, route: str, num_samples: int, generator, budget=None,
+                  given_target: bool = True):
     """``(num_samples, c, L)`` by forward filtering, backward sampling in probability space::
 
         z_L ~ alpha_L(z_L) p(target | z_L),    z_l | z_{l+1} = j  ~  alpha_l(z_l) P_l[z_l, j]
-    """
+
+    (without the ``p(target | z_L)`` factor when not ``given_target``: paths of the prior chain)."""
     L = factors.n_hops
     prepared = prepare(factors, chunk, route)
     transitions = prepared.transitions
     alphas = forward_messages(transitions, prepared.init, L)
-    emission, _, ok = shifted_emission(factors, chunk)
+    emission, _, ok = shifted_emission(factors, chunk, given_target, prepared.init.dtype)
     floor = underflow_floor(emission.dtype)
     last = alphas[-1] * emission
     ok = ok & transitions.ok & (last.sum(-1) >= floor)
@@ -413,22 +406,24 @@ def _sample_chunk(factors: HopFactors, chunk, route: str, num_samples: int, gene
         bad = (~ok).nonzero().squeeze(-1)
         retries = dense_retries(factors, prepared, bad, budget, extra=3 * num_samples * chunk.context_len)
         for rows in retries:
-            paths[:, rows] = _sample_chunk(factors, chunk[rows], "dense", num_samples, generator, budget)
+            paths[:, rows] = _sample_chunk(factors, chunk[rows], "dense", num_samples, generator, budget, given_target)
         if not retries:
             _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-            paths[:, bad] = chain_sample_posterior(chain, log_emission, num_samples, generator)
+            paths[:, bad] = chain_sample_posterior(chain, _log_space_emission(log_emission, given_target), num_samples,
+                                                   generator)
     return paths
 
 
-def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, budget=None) -> torch.Tensor:
+def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, budget=None,
+                 given_target: bool = True) -> torch.Tensor:
     """``(num_samples, n, L)`` hop paths drawn from the posterior given the target (forward filtering,
-    backward sampling)."""
+    backward sampling); with ``given_target=False``, from the prior chain (the paths before the target is seen)."""
     check_positive_int("num_samples", num_samples)
     out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
     route = choose_route(factors, obs.context_len)
     with torch.no_grad():
         for part, chunk in _chunks(factors, obs, route, budget, extra=3 * num_samples * obs.context_len):
-            out[:, part] = _sample_chunk(factors, chunk, route, num_samples, generator, budget)
+            out[:, part] = _sample_chunk(factors, chunk, route, num_samples, generator, budget, given_target)
     return out
 
 

@@ -82,10 +82,15 @@ class ChunkPosterior:
         return self.transitions.key_statistics(hop, self.alphas[hop], self.betas[hop + 1], scale)
 
 
-def shifted_emission(factors: HopFactors, chunk):
-    """``(exp(log p(target | z_L = i) - shift) * real (c, N), shift (c,), ok (c,))``."""
-    log_emission = factors.target_log_probs(chunk)
+def shifted_emission(factors: HopFactors, chunk, given_target: bool = True, dtype=None):
+    """``(exp(log p(target | z_L = i) - shift) * real (c, N), shift (c,), ok (c,))``; with ``given_target=False``
+    the emission of the prior chain, 1 at every real position (in ``dtype``, default the emission table's), with
+    shift 0 and every row ok."""
     real = chunk.full_mask()
+    if not given_target:
+        dtype = factors.log_emission.dtype if dtype is None else dtype
+        return real.to(dtype), torch.zeros(len(chunk), dtype=dtype, device=real.device), torch.ones_like(real[:, 0])
+    log_emission = factors.target_log_probs(chunk)
     shift = log_emission.masked_fill(~real, -math.inf).amax(-1)
     finite = torch.isfinite(shift)
     shift = torch.where(finite, shift, torch.zeros_like(shift))
@@ -115,12 +120,8 @@ def posterior_chunk(factors: HopFactors, chunk, route: str, pairwise: bool = Fal
     L = factors.n_hops
     prepared = prepare(factors, chunk, route)
     alphas = forward_messages(prepared.transitions, prepared.init, L)
-    if given_target:
-        emission, shift, ok_emission = shifted_emission(factors, chunk)
-        ok = ok_emission
-    else:
-        emission = chunk.full_mask().to(prepared.init.dtype)
-        shift, ok = emission.new_zeros(len(chunk)), torch.ones(len(chunk), dtype=torch.bool, device=emission.device)
+    emission, shift, ok_emission = shifted_emission(factors, chunk, given_target, prepared.init.dtype)
+    ok = ok_emission
     floor = underflow_floor(emission.dtype)
     betas, scales = backward_messages(prepared.transitions, emission, L)
     ok = ok & prepared.transitions.ok
@@ -166,7 +167,7 @@ def posterior_chunk(factors: HopFactors, chunk, route: str, pairwise: bool = Fal
 
 
 def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: bool = False, route=None,
-                            rows: Optional[int] = None) -> Iterator[ChunkPosterior]:
+                            rows: Optional[int] = None, given_target: bool = True) -> Iterator[ChunkPosterior]:
     """Yield :class:`ChunkPosterior` objects covering every row of ``obs`` once (the E-step's source).
 
     Rows of a chunk that the probability-space route computes are yielded in one object (``route`` =
@@ -177,6 +178,7 @@ def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: boo
 
     :param route: force ``"symbols"`` or ``"positions"`` (default :func:`~.routes.choose_route`).
     :param rows: rows per chunk (default: as many as the budget allows).
+    :param given_target: False: the prior chain's posterior (the targets ignored, :func:`posterior_chunk`).
     """
     n, N = len(obs), obs.context_len
     route = choose_route(factors, N, backward=True) if route is None else route
@@ -189,7 +191,7 @@ def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: boo
         for part in row_slices(n, rows_per):
             chunk = device_chunk(obs, part, device)
             offset = torch.arange(part.start, part.stop, device=device)
-            for index, piece in enumerate(posterior_chunk(factors, chunk, route, pairwise, budget=budget)):
+            for index, piece in enumerate(posterior_chunk(factors, chunk, route, pairwise, given_target, budget)):
                 piece.rows = offset[piece.rows]
                 if index == 0:
                     piece.part = part

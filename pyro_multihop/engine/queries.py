@@ -113,18 +113,19 @@ def _predict_chunk(factors: HopFactors, chunk, route: str, emission: torch.Tenso
 
 
 def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = False, keep: Optional[list] = None,
-                        kept_bytes_per_row: float = 0.0):
+                        kept_bytes_per_row: float = 0.0, given_target: bool = True):
     """``(log_likelihood (n,), hop_marginals (L, n, N), pairwise (L - 1, n, N, N) or None)`` in one
     forward-backward pass; the pairwise marginals (``O(L n N^2)`` memory) only with ``pairwise=True``. With a
     list ``keep``, each probability-space chunk's ``(part, prepared, emission)`` is appended to it (for path
     queries that reuse them), the first chunks only, while their rows at ``kept_bytes_per_row`` fit in the
-    memory budget."""
+    memory budget. ``given_target=False``: the prior chain's (the hop marginals before the target is seen; the
+    log-likelihood is then 0)."""
     kept_rows, limit = 0, resolve_budget(budget)
     L, n, N = factors.n_hops, len(obs), obs.context_len
     log_likelihood_out = factors.log_emission.new_empty(n)
     marginals = factors.log_emission.new_empty(L, n, N)
     pairs = factors.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
-    for part in forward_backward_chunks(factors, obs, budget, pairwise=pairwise and L > 1):
+    for part in forward_backward_chunks(factors, obs, budget, pairwise=pairwise and L > 1, given_target=given_target):
         log_likelihood_out[part.rows] = part.log_likelihood
         marginals[:, part.rows] = part.hop_marginals
         if keep is not None and part.prepared is not None and kept_rows == (part.part.start or 0):
@@ -137,9 +138,10 @@ def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = 
     return log_likelihood_out, marginals, pairs
 
 
-def hop_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
-    """``(L, n, N)`` posterior ``p(z_l = i | observation)``."""
-    return posterior_marginals(factors, obs, budget)[1]
+def hop_marginals(factors: HopFactors, obs, budget=None, given_target: bool = True) -> torch.Tensor:
+    """``(L, n, N)`` posterior ``p(z_l = i | observation)``; with ``given_target=False``, ``p(z_l = i | context,
+    query)``, the prior chain's (what the hops attend before the target is seen)."""
+    return posterior_marginals(factors, obs, budget, given_target=given_target)[1]
 
 
 def pairwise_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:

@@ -39,7 +39,7 @@ from typing import Iterable, List, Optional, Sequence, Union
 import torch
 
 from ..datasets.qa_jsonl import QAData, QAFormatError, QARecord, answers_outside_facts, parse_record, read_qa_jsonl
-from ..engine import dense_chunks
+from .. import engine
 from ..plots import plot_fact_posteriors
 from .qa import evaluate_qa, load_qa_checkpoint, predict_qa, write_jsonl
 
@@ -92,39 +92,19 @@ def predict_records(model, items: Iterable[RecordLike], *, budget: Optional[int]
     return predict_qa(head, encode_records(model, items), budget=budget)
 
 
-@torch.no_grad()
 def question_only_marginals(head, obs, budget: Optional[int] = None) -> torch.Tensor:
-    """``(L, n, N)``: ``p(z_l = i | facts, question)``, the hop marginals before the answer is seen (forward
-    messages of the head's dense hop chain, in chunks under the memory budget)."""
-    gates = head.hop_factors()
-    out = torch.zeros(gates.n_hops, len(obs), obs.context_len, dtype=gates.log_emission.dtype)
-    for part, _, chain, _ in dense_chunks(gates, obs, budget):
-        alpha = chain.init.exp()  # (c, N)
-        out[0, part] = alpha.cpu()
-        for hop in range(gates.n_hops - 1):
-            alpha = torch.bmm(alpha.unsqueeze(-2), chain.trans[hop].exp()).squeeze(-2)
-            out[hop + 1, part] = alpha.cpu()
-    return out
+    """``(L, n, N)``: ``p(z_l = i | facts, question)``, the hop marginals before the answer is seen (the engine's
+    :func:`~pyro_multihop.engine.hop_marginals` of the prior chain, in chunks under the memory budget), on the
+    CPU."""
+    return engine.hop_marginals(head.hop_factors(), obs, budget, given_target=False).cpu()
 
 
-@torch.no_grad()
 def question_only_samples(head, obs, num_samples: int, seed: int = 0, budget: Optional[int] = None) -> torch.Tensor:
-    """``(num_samples, n, L)`` hop paths drawn from the prior chain (the question alone), hop by hop, by a
-    private generator seeded with ``seed``."""
-    gates = head.hop_factors()
-    generator = torch.Generator(device=gates.log_emission.device).manual_seed(int(seed))
-    out = torch.zeros(num_samples, len(obs), gates.n_hops, dtype=torch.long)
-    for part, _, chain, _ in dense_chunks(gates, obs, budget):
-        c, N = chain.init.shape
-        position = torch.multinomial(chain.init.exp(), num_samples, replacement=True, generator=generator).t()  # (s, c)
-        path = [position]
-        rows = torch.arange(c, device=position.device).expand_as(position)
-        for hop in range(gates.n_hops - 1):
-            weights = chain.trans[hop][rows, position].exp().reshape(-1, N)  # (s c, N)
-            position = torch.multinomial(weights, 1, generator=generator).view(num_samples, c)
-            path.append(position)
-        out[:, part] = torch.stack(path, -1).cpu()
-    return out
+    """``(num_samples, n, L)`` hop paths drawn from the prior chain (the question alone) by the engine's
+    :func:`~pyro_multihop.engine.sample_paths`, with a private generator seeded with ``seed``; on the CPU."""
+    factors = head.hop_factors()
+    generator = torch.Generator(device=factors.log_emission.device).manual_seed(int(seed))
+    return engine.sample_paths(factors, obs, num_samples, generator, budget, given_target=False).cpu()
 
 
 def _path_entry(record: QARecord, path: Sequence[int], **values) -> dict:

@@ -111,6 +111,18 @@ def test_sample_paths_follow_the_exact_path_posterior(kind):
             assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
 
 
+@HEADS
+def test_sample_paths_without_the_target_follow_the_prior_chain(kind):
+    head, obs = random_head(kind, 2, seed=82), random_obs(n=3, seed=83, context=3)
+    factors, chain = head.hop_factors(), head.hop_chain(obs)
+    draws = engine.sample_paths(factors, obs, 20000, torch.Generator().manual_seed(0), budget=1, given_target=False)
+    for row in range(len(obs)):
+        prior = oracle.path_posterior(oracle.chain_log_joints(chain.init, chain.trans, torch.zeros_like(chain.init), row))
+        for path, p in prior.items():
+            frequency = float((draws[:, row] == torch.tensor(path)).all(-1).double().mean())
+            assert abs(frequency - p) <= 5 * math.sqrt(p * (1 - p) / 20000) + 1e-12, (row, path, frequency, p)
+
+
 @pytest.mark.parametrize("query, args, name", [("k_best_paths", (0,), "k"), ("sample_paths", (0,), "num_samples"),
                                                 ("k_best_paths", (1.5,), "k")])
 def test_path_queries_refuse_bad_counts_by_name(query, args, name):

@@ -52,3 +52,23 @@ def test_gradient_equals_the_log_space_recursion(kind, hops, ratio, monkeypatch)
                 continue
             assert torch.isfinite(got).all()
             assert torch.allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+@HEADS
+@HOPS
+@MASKED
+@ROUTES
+def test_prior_chain_marginals_match_brute_force_on_both_routes(kind, hops, masked, ratio, monkeypatch):
+    """``given_target=False``: every path weighed by its gates alone (the emission left out), on either route."""
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
+    head, obs = random_head(kind, hops, seed=hops), random_obs(n=7, seed=10 + hops, masked=masked)
+    chain = head.hop_chain(obs)
+    expected = torch.zeros(hops, len(obs), obs.context_len, dtype=torch.float64)
+    for row in range(len(obs)):
+        paths = oracle.path_posterior(oracle.chain_log_joints(chain.init, chain.trans, torch.zeros_like(chain.init), row))
+        for path, p in paths.items():
+            for hop in range(hops):
+                expected[hop, row, path[hop]] += p
+    marginals = engine.hop_marginals(head.hop_factors(), obs, given_target=False)
+    assert torch.allclose(marginals, expected, atol=1e-13)
+    assert not torch.allclose(marginals, head.hop_marginals(obs), atol=1e-3)  # the target does weigh otherwise
