@@ -102,6 +102,7 @@ def _applied_data_path(text: str) -> Path:
     return path
 
 
+DEVICE_HELP = "torch device (default: cpu; a qa checkpoint: cpu only)"
 CHECKPOINT_HELP = "a checkpoint written by train, qa or babi"
 APPLIED_DATA_HELP = ("table data (.csv or .parquet) for a checkpoint of train or babi --encoding positions, or a "
                      "facts file (.jsonl, docs/qa.md) for a checkpoint of qa or babi")
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--checkpoint", type=Path, required=True, help=CHECKPOINT_HELP)
     evaluate.add_argument("--data", type=_applied_data_path, required=True, help=APPLIED_DATA_HELP)
-    evaluate.add_argument("--device", default="cpu", help="torch device (default: cpu; a qa checkpoint: cpu only)")
+    evaluate.add_argument("--device", default="cpu", help=DEVICE_HELP)
     evaluate.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
 
     predict = commands.add_parser(
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", type=Path, required=True, help=CHECKPOINT_HELP)
     predict.add_argument("--data", type=_applied_data_path, required=True,
                          help=APPLIED_DATA_HELP + "; the target column, or a line's answer, is optional")
-    predict.add_argument("--device", default="cpu", help="torch device (default: cpu; a qa checkpoint: cpu only)")
+    predict.add_argument("--device", default="cpu", help=DEVICE_HELP)
     predict.add_argument("--out", type=Path, required=True, help="output file: .csv (table data) or .jsonl (facts)")
 
     inspect = commands.add_parser(
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     paths.add_argument("--chunk", type=_positive_int, default=4096,
                        help="rows per chunk of table data (default: 4096; a facts file is chunked by the engine's "
                        "memory budget)")
-    paths.add_argument("--device", default="cpu", help="torch device (default: cpu; a qa checkpoint: cpu only)")
+    paths.add_argument("--device", default="cpu", help=DEVICE_HELP)
     paths.add_argument("--no-progress", action="store_true", help="no progress display")
 
     for name, command in (("simulate", simulate), ("evaluate", evaluate), ("predict", predict), ("inspect", inspect),
