@@ -73,6 +73,7 @@ from ..data import FactObservations
 from .babi import fact_matches
 
 __all__ = [
+    "write_jsonl",
     "QAFormatError",
     "AnswerNotInFactsWarning",
     "QARecord",
@@ -218,14 +219,19 @@ def record_to_json(record: QARecord) -> dict:
     return payload
 
 
-def write_qa_jsonl(records: Iterable[QARecord], path: PathLike) -> Path:
-    """Write records as QA JSON Lines (UTF-8, one object a line); returns the path."""
+def write_jsonl(lines: Iterable[dict], path: PathLike) -> Path:
+    """Write JSON objects one a line (UTF-8, no ``NaN``), creating the folder; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record_to_json(record), ensure_ascii=False) + "\n")
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
     return path
+
+
+def write_qa_jsonl(records: Iterable[QARecord], path: PathLike) -> Path:
+    """Write records as QA JSON Lines (UTF-8, one object a line); returns the path."""
+    return write_jsonl(map(record_to_json, records), path)
 
 
 def answers_outside_facts(records: Iterable[QARecord]) -> List[str]:

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from ..checkpoint import load_checkpoint
-from ..datasets.qa_jsonl import answers_outside_facts_message, read_qa_jsonl
+from ..datasets.qa_jsonl import answers_outside_facts_message, read_qa_jsonl, write_jsonl
 from . import apply_checkpoint
 from .command_defaults import FACTS_SUFFIX, TABLE_SUFFIXES
 from .command_files import CommandError, save_figure, torch_device
-from .qa import qa_model, write_jsonl
+from .qa import qa_model
 from .qa_apply import evaluate_records, inspect_records, path_records, predict_records
 
 __all__ = ["is_facts_file", "open_checkpoint", "evaluate_command",

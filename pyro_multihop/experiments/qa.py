@@ -62,6 +62,7 @@ from ..datasets.qa_jsonl import (
     QAVocabulary,
     answers_outside_facts,
     answers_outside_facts_message,
+    write_jsonl,
 )
 from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
 from ..plots import plot_fact_posteriors
@@ -85,7 +86,6 @@ __all__ = [
     "load_qa_checkpoint",
     "qa_model",
     "record_id",
-    "write_jsonl",
 ]
 
 #: Length groups of ``fit_svi`` (rows cut to their own number of facts, rounded up to this many): exact.
@@ -358,15 +358,6 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
                                   "marginals over facts (given question and answer)")
     figure.savefig(out / "hop_posteriors.png", dpi=110, bbox_inches="tight")
     return results
-
-
-def write_jsonl(lines, path) -> Path:
-    """Write JSON objects one a line (UTF-8, no ``NaN``); returns the path."""
-    path = Path(path)
-    with open(path, "w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
-    return path
 
 
 def run_babi_facts(task: int, out, *, data_dir=None, train_dir=None, n_hops: Optional[int] = None,

@@ -16,7 +16,7 @@ the training ones shares the last question position.
   the answer where there is one, else the question alone.
 
 The ``*_file`` functions do the same from a checkpoint and a facts file, and write JSON Lines
-(:func:`~pyro_multihop.experiments.qa.write_jsonl`) whose every line names the id, the question, the answer and
+(:func:`~pyro_multihop.datasets.qa_jsonl.write_jsonl`) whose every line names the id, the question, the answer and
 each hop's fact. The commands ``pyro-multihop evaluate``, ``predict``, ``paths`` and ``inspect`` on a facts file
 call the ``*_records`` functions (:mod:`pyro_multihop.experiments.apply_commands`). Example::
 
@@ -38,10 +38,11 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 import torch
 
-from ..datasets.qa_jsonl import QAData, QAFormatError, QARecord, answers_outside_facts, parse_record, read_qa_jsonl
+from ..datasets.qa_jsonl import (QAData, QAFormatError, QARecord, answers_outside_facts, parse_record, read_qa_jsonl,
+                                  write_jsonl)
 from .. import engine
 from ..plots import plot_fact_posteriors
-from .qa import evaluate_qa, load_qa_checkpoint, predict_qa, write_jsonl
+from .qa import evaluate_qa, load_qa_checkpoint, predict_qa
 
 __all__ = [
     "as_records",
