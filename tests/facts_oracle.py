@@ -88,7 +88,16 @@ def comparison(p, obs, row, i):
         match = sum(w * float(q == symbol) for w, q in zip(weights, question))
         logits = logits + match * p["compare_logits"][b]
     gate = torch.exp(sum(p["compare_by_symbol"][symbol] for symbol in fi.values()))
-    return gate, torch.softmax(logits, 0)
+    return gate, _on_symbols(torch.softmax(logits, 0), p)
+
+
+def _on_symbols(probs, p):
+    """``(S,)``: a distribution over the head's answers (``p["answer_symbols"]``, where the head has them) placed on
+    those symbols, zero on every other."""
+    answers = p.get("answer_symbols")
+    if answers is None:
+        return probs
+    return torch.zeros(len(p["copy_by_symbol"]), dtype=probs.dtype).index_put((answers,), probs)
 
 
 def emission(p, obs, row, i):
@@ -96,22 +105,25 @@ def emission(p, obs, row, i):
     fi = real_field_symbols(obs, row, i)
     F = obs.num_fields
     mix = torch.softmax(p["emission_mix"], 0)
-    S = p["emission_tables"].shape[-1]
+    S = len(p["copy_by_symbol"])
     probs = 0.0
     for a, symbol in fi.items():
         copy = mix[F + a] * torch.exp(p["copy_by_symbol"][symbol])
-        probs = probs + mix[a] * torch.softmax(p["emission_tables"][a, symbol], 0) + copy * torch.eye(S, dtype=torch.float64)[symbol]
+        table = _on_symbols(torch.softmax(p["emission_tables"][a, symbol], 0), p)
+        probs = probs + mix[a] * table + copy * torch.eye(S, dtype=torch.float64)[symbol]
     norm = sum(mix[a] + mix[F + a] * torch.exp(p["copy_by_symbol"][symbol]) for a, symbol in fi.items())
     gate, compared = comparison(p, obs, row, i)
     probs = probs + mix[2 * F] * gate * compared
     norm = norm + mix[2 * F] * gate
-    return torch.log(probs / norm)
+    # floored at the smallest normal number as the head floors it (a symbol no component emits; finite gradients)
+    return torch.log((probs / norm).clamp_min(torch.finfo(torch.float64).tiny))
 
 
 def path_tables(head, obs, params=None):
     """Per row ``{path: (log prior, log joint)}`` over every path of real facts, and per row the ``(S,)``
     predictive; ``params`` (default: the head's parameters in float64) may require grad."""
     p = params if params is not None else {k: v.detach().double() for k, v in head.named_parameters()}
+    p = {**p, "answer_symbols": getattr(head, "answer_symbols", None)}
     D = head.max_distance
     tables, predictive = [], []
     for row in range(len(obs)):

@@ -112,5 +112,18 @@ def test_facts_benchmarks_smoke(tmp_path):
     assert (speed[["facts_train_s_per_1k", "chained_train_s_per_1k", "train_ratio"]] > 0).all().all()
     assert list(pd.read_csv(tmp_path / "facts_memory.csv")["n"]) == [200, 400]
     learning = pd.read_csv(tmp_path / "facts_learning.csv")
-    assert list(learning["route"]) == ["collapsed", "enumerated"] and (learning["truth_test_accuracy"] == 1.0).all()
+    assert list(learning["route"]) == ["collapsed", "enumerated", "collapsed, embed_dim=16"]
+    assert (learning["truth_test_accuracy"] == 1.0).all()
     assert "| route |" in (tmp_path / "facts_learning.md").read_text()
+
+
+def test_knowledge_base_benchmark_smoke(tmp_path):
+    """benchmarks/knowledge_base.py --smoke: the qa command on a small simulated knowledge base, in its own process,
+    with its time, peak memory, checkpoint size and accuracies recorded."""
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "knowledge_base.py"), "--smoke", "--hops", "2",
+                    "--embed-dim", "8", "--out", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    frame = pd.read_csv(tmp_path / "knowledge_base.csv")
+    assert list(frame["hops"]) == [2] and (frame["symbols"] > 200).all()
+    assert ((frame[["seconds", "peak_mib", "checkpoint_mib"]] > 0).all().all()
+            and frame["answer_accuracy"].between(0, 1).all())
+    assert "| hops |" in " ".join((tmp_path / "knowledge_base.md").read_text().split())

@@ -86,7 +86,9 @@ def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     emission = None if factors.position_emission is not None else factors.log_emission.exp()
     # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
     by_symbol = S <= 4 * N and factors.position_emission is None
-    rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else 2 * N * T) + T)
+    # a position emission of every target: the head's (c, N, T) table, its logarithm and the mixture's product
+    per_position = 4 * N * T if factors.position_emission is not None else 2 * N * T
+    rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else per_position) + T)
     out = factors.log_emission.new_empty(n, T)
     for part in row_slices(n, rows):
         out[part] = _predict_chunk(factors, device_chunk(obs, part, device), route, emission, by_symbol, budget)

@@ -114,7 +114,7 @@ def available_memory_bytes() -> Optional[int]:
 
 
 def head_memory_bytes(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, dtype=None,
-                      embed_dim: Optional[int] = None) -> dict:
+                      embed_dim: Optional[int] = None, num_answers: Optional[int] = None) -> dict:
     """What training the head of :func:`facts_head` needs, in bytes, before it is allocated:
     ``{"parameters", "training", "largest", "largest_bytes"}``. ``training`` = 4 x the parameters (their values,
     gradients and Adam's two moments) + 3 x the largest table of one hop (its padded copy and gradients while a
@@ -122,7 +122,8 @@ def head_memory_bytes(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
     ``question_tables (L, F, S, S)``, ``content_tables (L - 1, F, F, S, S)``, ``emission_tables (F, S, S)``. With
     ``embed_dim=D`` there are none: the largest of one hop is an ``(S, D)`` embedding's gradient (``O(S D)``)."""
     size = torch.finfo(torch.get_default_dtype() if dtype is None else dtype).bits // 8
-    elements = parameter_elements(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len, embed_dim)
+    elements = parameter_elements(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len, embed_dim,
+                                  num_answers)
     largest = max(elements, key=elements.get)
     if embed_dim is None:
         per_hop = max(elements["question_tables"] // n_hops, elements["emission_tables"],
@@ -142,12 +143,12 @@ def _gib(count: float) -> str:
 
 
 def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, available: Optional[int] = None,
-                      embed_dim: Optional[int] = None) -> dict:
+                      embed_dim: Optional[int] = None, num_answers: Optional[int] = None) -> dict:
     """Raise :class:`HeadMemoryError` (one line: how much, and which ``S x S`` table) when training the head
     needs more than ``available`` bytes (default :func:`available_memory_bytes`); returns
     :func:`head_memory_bytes`. An embedded head (``embed_dim``) needs ``O(S D)``: it is refused only when even
     that does not fit."""
-    need = head_memory_bytes(vocabulary, n_hops, max_question_len, embed_dim=embed_dim)
+    need = head_memory_bytes(vocabulary, n_hops, max_question_len, embed_dim=embed_dim, num_answers=num_answers)
     available = available_memory_bytes() if available is None else available
     if available is not None and need["training"] > available and embed_dim is not None:
         raise HeadMemoryError(
@@ -166,17 +167,20 @@ def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
 
 
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
-               embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False):
+               embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
     the last). Its parameters start at zero (uniform attention); with ``embed_dim=D``, its ``S x S`` tables are
     symbol embeddings of ``D`` dimensions, drawn from ``seed``; ``comparison``: the emission's comparison
-    component on. With ``check_memory``, :func:`check_head_memory` runs first."""
+    component on; ``answer_symbols``: the symbols its learnt emission may give (``FactAttention``'s; :func:`run_qa`
+    passes the training answers to an embedded head). With ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
-        check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim)
+        check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim,
+                          num_answers=None if answer_symbols is None else len(answer_symbols))
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
-                         embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison)
+                         embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
+                         answer_symbols=answer_symbols)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -323,8 +327,12 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     checkpoint = out / CHECKPOINT_NAME
     vocabulary = QAVocabulary.build(train_records)
     longest_question = max(len(record.question) for record in train_records)
-    head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison)
     train, test = vocabulary.encode(train_records), vocabulary.encode(test_records)
+    # An embedded head's learnt emission gives the training answers alone: its cost grows with them, not with S
+    # (a table can learn no other answer; any other comes from a copy).
+    answers = torch.unique(train.obs.target).tolist() if embed_dim is not None else None
+    head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
+                      answer_symbols=answers)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))
     _report(log, answers_outside_facts_message(test_records, "test"))

@@ -34,8 +34,8 @@ __all__ = ["COMPARISON_SHAPES", "token_weights", "field_matches", "comparison_lo
 COMPARISON_SHAPES = {
     "compare_choice": "(S,)",
     "compare_position": "(P,)",
-    "compare_logits": "(F, S)",
-    "compare_bias": "(S,)",
+    "compare_logits": "(F, A)",
+    "compare_bias": "(A,)",
     "compare_by_symbol": "(S,)",
 }
 

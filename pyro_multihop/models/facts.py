@@ -59,6 +59,7 @@ Symbol embeddings (``embed_dim=D``): the three ``S x S`` tables become bilinear 
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import pyro
@@ -78,6 +79,8 @@ from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
+from .fact_parameters import (PARAMETER_SHAPES, answer_symbols_tensor, initial_value, mix_logits, parameter_elements,
+                              parameter_shapes, shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL"]
@@ -86,59 +89,6 @@ __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_el
 #: inside its own), so the expected complete-data log-likelihood has no closed-form maximiser.
 EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
               "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
-
-#: Shape of every parameter, in terms of ``L`` hops, ``F`` fields, ``S`` symbols and ``P`` question positions.
-PARAMETER_SHAPES = {
-    "question_choice": "(L, S)",
-    "question_position": "(L, P)",
-    "question_equality": "(L, F)",
-    "question_tables": "(L, F, S, S)",
-    "field_equality": "(L - 1, F, F)",
-    "content_tables": "(L - 1, F, F, S, S)",
-    "age_slopes": "(L,)",
-    "age_by_symbol": "(L - 1, F, S)",
-    "offset_slopes": "(L - 1,)",
-    "offset_by_symbol": "(L - 1, F, S)",
-    "direction_logits": "(L - 1,)",
-    "direction_by_symbol": "(L - 1, F, S)",
-    "nearest_weights": "(L - 1, 2, F)",
-    "nearest_by_symbol": "(L - 1, 2, F, S)",
-    "emission_tables": "(F, S, S)",
-    "emission_mix": "(2 F + 1,)",
-    "copy_by_symbol": "(S,)",
-    **comparison.COMPARISON_SHAPES,
-}
-
-
-def parameter_shapes(embed_dim: Optional[int] = None) -> dict:
-    """``{name: shape}`` of a :class:`FactAttention`'s parameters: :data:`PARAMETER_SHAPES` (``embed_dim=None``), or
-    with its ``S x S`` tables replaced by :data:`~.symbol_embedding.EMBEDDING_SHAPES` (``D`` = ``embed_dim``)."""
-    if embed_dim is None:
-        return dict(PARAMETER_SHAPES)
-    kept = {name: spec for name, spec in PARAMETER_SHAPES.items() if name not in embedded.REPLACED_TABLES}
-    return {**kept, **embedded.EMBEDDING_SHAPES}
-
-
-def _shape(spec: str, L: int, F: int, S: int, P: int, D: int = 0) -> tuple:
-    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F + 1": 2 * F + 1, "2": 2, "D": D}
-    return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
-
-
-def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_question_len: int,
-                       embed_dim: Optional[int] = None) -> dict:
-    """``{name: number of entries}`` of every parameter of a :class:`FactAttention` of these sizes, computed
-    before any is allocated (:func:`parameter_shapes`). With the tables (``embed_dim=None``), ``question_tables``,
-    ``content_tables`` and ``emission_tables`` grow as ``S^2``, in all ``(L F + (L - 1) F^2 + F) S^2``; with
-    ``embed_dim=D``, the embeddings as ``2 S D``, the bilinear forms as ``(L F + (L - 1) F^2 + F) D^2``, the rest as
-    ``S`` or not at all."""
-    sizes = {}
-    for name, spec in parameter_shapes(embed_dim).items():
-        count = 1
-        for size in _shape(spec, n_hops, num_fields, num_symbols, max_question_len, embed_dim or 0):
-            count *= size
-        sizes[name] = count
-    return sizes
-
 
 class FactAttention(HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
@@ -166,6 +116,12 @@ class FactAttention(HopAttentionHead):
         no / maybe answers from matches of question tokens with the fact's fields). Off (the default), its
         mixture logit starts at ``MASKED_LOGIT``, where its weight and its gradient are exactly 0, so the head
         is the tables-and-copies head of earlier releases; an ``init`` of ``emission_mix`` overrides it.
+    :param answer_symbols: None (default): the learnt parts of the emission (its tables and its comparison) put
+        mass on every one of the ``S`` symbols. A sequence of ``A`` distinct symbols: on those alone (e.g. the
+        training answers), so that their parameters are ``(.., A)`` and their normalisers cost ``O(A)``, not
+        ``O(S)``; a target outside them is emitted by a copy or not at all. A learnt table can give only
+        answers that training showed, so nothing else is lost (``pyro-multihop qa --embed-dim`` passes the
+        training answers).
 
     Example::
 
@@ -178,7 +134,8 @@ class FactAttention(HopAttentionHead):
 
     def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
-                 embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False):
+                 embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
+                 answer_symbols=None):
         super().__init__()
         self.comparison = bool(comparison)
         self.n_hops = check_positive_int("n_hops", n_hops)
@@ -188,20 +145,29 @@ class FactAttention(HopAttentionHead):
         self.max_question_len = check_positive_int("max_question_len", max_question_len)
         self.max_distance = check_positive_int("max_distance", max_distance)
         self.embed_dim = None if embed_dim is None else check_positive_int("embed_dim", embed_dim)
+        answers = answer_symbols_tensor(answer_symbols, self.num_symbols)
+        self.num_answers = self.num_symbols if answers is None else len(answers)
+        # answer_index[s]: the answer number of symbol s (padding: S), -1 where the learnt parts cannot emit it
+        index = torch.arange(self.num_symbols + 1) if answers is None else torch.full((self.num_symbols + 1,), -1)
+        if answers is not None:
+            index[answers] = torch.arange(len(answers))
+        self.register_buffer("answer_symbols", answers, persistent=False)
+        self.register_buffer("answer_index", index, persistent=False)
         dtype = torch.get_default_dtype() if dtype is None else dtype
         init = dict(init or {})
         probs = init.pop("emission_mix_probs", None)
         if probs is not None:
-            init["emission_mix"] = _mix_logits(torch.as_tensor(probs, dtype=dtype), num_fields)
+            init["emission_mix"] = mix_logits(torch.as_tensor(probs, dtype=dtype), num_fields)
         shapes = parameter_shapes(self.embed_dim)
         unknown = sorted(set(init) - set(shapes))
         if unknown:
             raise ValueError(f"init names unknown parameters {unknown}; known are {sorted(shapes)}")
         generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
         for name, spec in shapes.items():
-            shape = _shape(spec, n_hops, num_fields, num_symbols, max_question_len, self.embed_dim or 0)
+            shape = shape_of(spec, n_hops, num_fields, num_symbols, max_question_len, self.embed_dim or 0,
+                           self.num_answers)
             if name in init:
-                value = _initial(name, init[name], shape, spec, dtype)
+                value = initial_value(name, init[name], shape, spec, dtype)
             elif name == "emission_mix" and not self.comparison:
                 value = torch.zeros(shape, dtype=dtype)
                 value[-1] = MASKED_LOGIT  # the comparison component off: weight and gradient exactly 0
@@ -217,6 +183,8 @@ class FactAttention(HopAttentionHead):
         config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
+        if self.answer_symbols is not None:
+            config["answer_symbols"] = self.answer_symbols.tolist()
         return {**config, "comparison": True} if self.comparison else config
 
     def kind(self) -> str:
@@ -253,14 +221,20 @@ class FactAttention(HopAttentionHead):
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
         never occurs in a fact (a language that inflects nouns) only they can produce it, and a decay there pulls
         that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``). An embedded
-        head decays its ``symbol_embedding`` and the question and content forms in place of the tables: through
-        them it can memorise the training entities as the tables do (docs/facts.md, "Symbol embeddings")."""
+        head decays its ``symbol_embedding`` and the question and content forms in place of the tables, at 2e-2: a
+        relation's score is a product of two embedding rows and a form, so the decay acts on it three times over.
+        Measured on ``fact_chain_task`` (held-out rows of unseen entities, D = 8 to 32): at 3e-2 the forms stay below
+        the strength the rule needs on 2,000 rows (training and held-out accuracy 0.89); at 3e-3 the embeddings
+        memorise the training entities on 200-300 rows (held-out 0.57-0.64); 2e-2 gives 0.92-0.99 on both. A symbol
+        that training never showed has its row pulled to 0 (its gradient is the decay alone), so it adds nothing to
+        the scores (docs/facts.md, "Symbol embeddings")."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol")
+        decay = {name: 3e-2 for name in tables}
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
-            tables = ("symbol_embedding", "question_bilinear", "content_bilinear") + tables[2:]
-        return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
-                "weight_decay": {name: 3e-2 for name in tables}}
+            decay = {**{name: 2e-2 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
+                     **{name: 3e-2 for name in tables[2:]}}
+        return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": decay}
 
     # -- validation -----------------------------------------------------------------------------------------
     def check_observations(self, obs, name: str = "obs") -> FactObservations:
@@ -391,29 +365,46 @@ class FactAttention(HopAttentionHead):
             probs = embedded.table_probs(obs.facts, self.symbol_embedding, self.emission_bilinear,
                                          self.output_embedding, self.answer_bias, tables)
         else:
-            rows = self.emission_tables.softmax(-1)  # (F, S, S)
+            rows = self.emission_tables.softmax(-1)  # (F, S, A)
             probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a])
                         for a in range(self.num_fields))
+        if self._comparison_weighs():
+            probs = probs + compares * comparison.comparison_probs(matches, self.compare_logits, self.compare_bias)
+        if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
+            probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
         probs = probs.scatter_add(-1, obs.facts, copies)
-        probs = probs + compares * comparison.comparison_probs(matches, self.compare_logits, self.compare_bias)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
 
-    def target_log_probs(self, obs: FactObservations) -> torch.Tensor:
+    def _comparison_weighs(self) -> bool:
+        """Whether the comparison component has any weight (its mixture logit above ``MASKED_LOGIT``): where it has
+        none, its terms are exactly 0 and their gradients too, so they are not computed."""
+        return bool(self.emission_mix[-1] > MASKED_LOGIT)
+
+    def target_log_probs(self, obs: FactObservations, normalisers=None) -> torch.Tensor:
         """``(c, N)``: :meth:`emission_log_probs` at each row's target only, the tables and copies in ``O(c N F)``,
         the comparison's normaliser in blocks of answers (the engine's ``position_target``: the likelihood and the
-        path queries need no ``(c, N, S)`` table)."""
+        path queries need no ``(c, N, S)`` table). ``normalisers``: an embedded head's
+        :class:`~.symbol_embedding.FieldNormalisers`, shared by the chunks of one query (:meth:`hop_factors`)."""
         tables, copies, compares, total, matches = self._mixture_weights(obs)
         target = obs.target.view(-1, 1).expand(obs.facts.shape[:2])  # (c, N)
-        if self.embed_dim is not None:  # the normaliser over S answers in blocks, no (c, N, S) table
-            table_probs = embedded.table_log_probs(obs.facts, obs.target, self.symbol_embedding, self.emission_bilinear,
+        answer = self.answer_index[obs.target]  # (c,): the target's answer number, -1 where the tables cannot give it
+        emitted = (answer >= 0).to(tables.dtype).view(-1, 1, 1)
+        answer = answer.clamp(min=0)
+        if self.embed_dim is not None and normalisers is not None:
+            table_probs = embedded.table_log_probs_at(obs.facts, answer, self.symbol_embedding, self.emission_bilinear,
+                                                      self.output_embedding, self.answer_bias, normalisers).exp()
+        elif self.embed_dim is not None:  # the normaliser over the A answers in blocks, no (c, N, A) table
+            table_probs = embedded.table_log_probs(obs.facts, answer, self.symbol_embedding, self.emission_bilinear,
                                                    self.output_embedding, self.answer_bias).exp()
         else:
-            rows = self.emission_tables.log_softmax(-1)  # (F, S, S)
-            table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], target)
+            rows = self.emission_tables.log_softmax(-1)  # (F, S, A)
+            at = answer.view(-1, 1).expand(obs.facts.shape[:2])
+            table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], at)
                                        for a in range(self.num_fields)], -1).exp()
-        probs = (tables * table_probs + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
-        compared = comparison.comparison_log_probs(matches, obs.target, self.compare_logits, self.compare_bias).exp()
-        probs = probs + compares * compared.unsqueeze(-1)
+        probs = (tables * table_probs * emitted + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
+        if self._comparison_weighs():
+            compared = comparison.comparison_log_probs(matches, answer, self.compare_logits, self.compare_bias).exp()
+            probs = probs + compares * (compared.unsqueeze(-1) * emitted)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
 
     def _mixture_weights(self, obs: FactObservations):
@@ -440,8 +431,8 @@ class FactAttention(HopAttentionHead):
         """``(S, S)`` the first field's emission table (log-softmax), the engine's ``log_emission``: its shape,
         dtype and device; targets come from :meth:`emission_log_probs` (``HopFactors.position_emission``). An
         embedded head has no such table: zeros of that shape, one element expanded (nothing allocated)."""
-        if self.embed_dim is not None:
-            return self.answer_bias.new_zeros(()).expand(self.num_symbols, self.num_symbols)
+        if self.embed_dim is not None or self.answer_symbols is not None:
+            return self.compare_bias.new_zeros(()).expand(self.num_symbols, self.num_symbols)
         return self.emission_tables[0].log_softmax(-1)
 
     def hop_factors(self) -> engine.HopFactors:
@@ -456,13 +447,19 @@ class FactAttention(HopAttentionHead):
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop, the
             # question's (M, N, F) matches, the facts' embeddings and their products with the forms, the
-            # (c, N, S) emission of predictions (its normaliser's blocks take a quarter of the budget beside)
-            D = self.embed_dim
-            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 4 * N * S + 3 * P * N * F + 4 * L * N * F * D
+            # (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S) emission of
+            # predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
+            D, A = self.embed_dim, self.num_answers
+            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 4 * N * A + 3 * P * N * F + 4 * L * N * F * D
 
+        position_target = self.target_log_probs
+        if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
+            normalisers = embedded.FieldNormalisers(self.symbol_embedding, self.emission_bilinear,
+                                                    self.output_embedding, self.answer_bias)
+            position_target = functools.partial(self.target_log_probs, normalisers=normalisers)
         return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
                                extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
-                               position_target=self.target_log_probs)
+                               position_target=position_target)
 
     # -- queries that need the data class --------------------------------------------------------------------
     def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
@@ -518,34 +515,13 @@ class FactAttention(HopAttentionHead):
     def extra_repr(self) -> str:
         return (f"n_hops={self.n_hops}, num_fields={self.num_fields}, num_symbols={self.num_symbols}, "
                 f"max_question_len={self.max_question_len}, max_distance={self.max_distance}"
-                + ("" if self.embed_dim is None else f", embed_dim={self.embed_dim}"))
+                + ("" if self.embed_dim is None else f", embed_dim={self.embed_dim}")
+                + ("" if self.answer_symbols is None else f", num_answers={self.num_answers}"))
 
 
 def _rows(obs: FactObservations, index: torch.Tensor, subsample_size: Optional[int]) -> FactObservations:
     """The plate's mini-batch of ``obs`` (all of it without subsampling)."""
     return obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
-
-
-def _mix_logits(probs: torch.Tensor, num_fields: int) -> torch.Tensor:
-    """``emission_mix`` from probabilities: ``2 F + 1`` of them, or ``2 F`` (the comparison switched off)."""
-    size = 2 * num_fields + 1
-    if probs.shape == (size - 1,):
-        probs = torch.cat([probs, probs.new_zeros(1)])
-    if probs.shape != (size,) or (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-6:
-        raise ValueError(f"emission_mix_probs must be {size} (or {size - 1}, the comparison off) non-negative numbers "
-                         f"summing to 1, got {probs.tolist()}")
-    return torch.where(probs > 0, probs.log(), torch.full_like(probs, MASKED_LOGIT))
-
-
-def _initial(name: str, value, shape: tuple, spec: str, dtype) -> torch.Tensor:
-    value = torch.as_tensor(value)
-    if not value.dtype.is_floating_point:
-        raise TypeError(f"init[{name!r}] must be a floating-point tensor, got dtype {value.dtype}")
-    if tuple(value.shape) != shape:
-        raise ValueError(f"init[{name!r}] must have shape {spec} = {shape}, got {tuple(value.shape)}")
-    if name != "emission_mix" and not torch.isfinite(value).all():
-        raise ValueError(f"init[{name!r}] must be finite, got a NaN or inf entry")
-    return value.detach().clone().to(dtype)
 
 
 def fact_chain_truth(n_hops: int = 2, num_relations: int = 4, train_entities: int = 40, test_entities: int = 20,

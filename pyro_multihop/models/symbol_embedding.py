@@ -30,8 +30,8 @@ import torch
 
 from ..engine import get_memory_budget
 
-__all__ = ["EMBEDDING_SHAPES", "REPLACED_TABLES", "RANDOM_START", "LogNormaliser", "chunk_vectors", "question_term", "pair_term",
-           "table_log_probs", "table_probs"]
+__all__ = ["EMBEDDING_SHAPES", "REPLACED_TABLES", "RANDOM_START", "LogNormaliser", "FieldNormalisers", "chunk_vectors",
+           "question_term", "pair_term", "table_log_probs", "table_log_probs_at", "table_probs"]
 
 #: Shapes of the parameters that replace the ``S x S`` tables (``D`` = ``embed_dim``).
 EMBEDDING_SHAPES = {
@@ -39,8 +39,8 @@ EMBEDDING_SHAPES = {
     "question_bilinear": "(L, F, D, D)",
     "content_bilinear": "(L - 1, F, F, D, D)",
     "emission_bilinear": "(F, D, D)",
-    "output_embedding": "(S, D)",
-    "answer_bias": "(S,)",
+    "output_embedding": "(A, D)",
+    "answer_bias": "(A,)",
 }
 
 #: The table head's parameters that the embedded head has not.
@@ -160,6 +160,55 @@ def table_log_probs(fields, target, embedding, bilinear, output, bias) -> torch.
     index = torch.stack(inverses, -1)  # (c, N, F): each fact field's row of hidden
     logits = (hidden[index] * output[target].view(c, 1, 1, -1)).sum(-1) + bias[target].view(c, 1, 1)
     return logits - log_norm[index]
+
+
+class FieldNormalisers:
+    """The normalisers of :func:`table_log_probs` of one query, over all its chunks: ``log sum_t exp(e_s^T
+    bilinear[a] o_t + bias_t)`` for each distinct (field ``a``, symbol ``s``), computed once the first time a chunk
+    holds the pair and gathered from then on. A symbol repeats across the chunks of a data set (an entity in many
+    questions), so a query computes ``O(R A D)`` for the ``R`` distinct pairs of all its rows, not of each chunk.
+
+    The normalisers are reused while the parameters they read keep their versions (an optimiser step starts anew)
+    and grad mode is unchanged; a head makes one a query (``FactAttention.hop_factors``)."""
+
+    def __init__(self, embedding, bilinear, output, bias):
+        self.tensors = (embedding, bilinear, output, bias)
+        self.key = None
+
+    def _reset(self, key, fields) -> None:
+        self.key = key
+        self.position = torch.full((fields.shape[-1], self.tensors[0].shape[0] + 1), -1, dtype=torch.long,
+                                   device=fields.device)
+        self.parts, self.count = [], 0
+
+    def __call__(self, fields) -> torch.Tensor:
+        """``(c, N, F)`` the normaliser of each fact field of ``fields`` ``(c, N, F)``."""
+        embedding, bilinear, output, bias = self.tensors
+        key = (torch.is_grad_enabled(), *(tensor._version for tensor in self.tensors))
+        if key != self.key:
+            self._reset(key, fields)
+        fields = fields.clamp(min=-1)  # padding (-1 or S) has a slot of its own at the end of each row
+        new = []
+        for a in range(fields.shape[-1]):
+            symbols = torch.unique(fields[..., a])
+            missing = symbols[self.position[a, symbols] < 0]
+            if len(missing):
+                self.position[a, missing] = torch.arange(self.count, self.count + len(missing), device=fields.device)
+                self.count += len(missing)
+                new.append(embedding[missing] @ bilinear[a])
+        if new:
+            self.parts.append(LogNormaliser.apply(torch.cat(new), output, bias))
+        norms = self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)
+        columns = torch.arange(fields.shape[-1], device=fields.device)
+        return norms[self.position[columns, fields]]
+
+
+def table_log_probs_at(fields, target, embedding, bilinear, output, bias, normalisers) -> torch.Tensor:
+    """``(c, N, F)``: :func:`table_log_probs`, its normalisers from ``normalisers`` (a :class:`FieldNormalisers`)."""
+    c, N, F = fields.shape
+    hidden = torch.stack([embedding[fields[..., a]] @ bilinear[a] for a in range(F)], -2)  # (c, N, F, D)
+    logits = (hidden * output[target].view(c, 1, 1, -1)).sum(-1) + bias[target].view(c, 1, 1)
+    return logits - normalisers(fields)
 
 
 def table_probs(fields, embedding, bilinear, output, bias, weights) -> torch.Tensor:

@@ -40,6 +40,10 @@ def test_qa_command_trains_an_embedded_head(tmp_path, capsys):
     head, vocabulary, state = load_qa_checkpoint(out / "checkpoint.pt")
     assert head.embed_dim == 4 and state["config"]["embed_dim"] == 4 and head.symbol_embedding.shape == (vocabulary.num_symbols, 4)
     assert not hasattr(head, "content_tables")
+    # its learnt emission gives the training answers alone (the cities), so its output side is sized by them
+    answers = sorted({record.answer for record in read_qa_jsonl(train)})
+    assert [vocabulary.known[s - 1] for s in head.answer_symbols.tolist()] == answers
+    assert head.output_embedding.shape == (len(answers), 4) and len(answers) < vocabulary.num_symbols
     lines = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [line["answer"] for line in lines] == [p["answer"] for p in predict_qa(head, vocabulary.encode(read_qa_jsonl(test)))]
 

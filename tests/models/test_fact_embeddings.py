@@ -160,16 +160,17 @@ def test_the_start_attends_uniformly_and_the_seed_draws_the_embeddings():
         FactAttention(2, F, S, embed_dim=D, init={"question_tables": torch.zeros(2, F, S, S)})
 
 
-def test_svi_learns_the_chain_task_and_carries_most_of_it_to_unseen_entities():
-    """fit_svi (collapsed, the head's defaults, D = 8, 150 steps) on 200 rows of ``fact_chain_task``: most training
-    rows, and most held-out rows over entities training never showed, are answered (at the start, under uniform
-    attention, few are). The generating structure answers all of them and the table head learns to: the embedded
-    head does not reach it here, its bilinear forms memorise part of the training entities (docs/facts.md)."""
+def test_svi_learns_the_chain_task_and_carries_it_to_unseen_entities():
+    """fit_svi (collapsed, the head's defaults, D = 8, 150 steps) on 200 rows of ``fact_chain_task``: the training
+    rows, and the held-out rows over entities training never showed, are answered nearly as the generating
+    structure answers them (measured: 0.985 and 0.92; at the start, under uniform attention, few are). With a
+    decay of the embeddings ten times weaker (3e-3) the held-out accuracy here falls to 0.57: the forms memorise the
+    training entities (svi_defaults)."""
     train, test = fact_chain_task(200, seed=0), fact_chain_task(200, entities="test", seed=1)
     truth = fact_chain_truth()
     head = FactAttention(2, 3, truth.num_symbols, max_question_len=3, embed_dim=8)
     start = head.evaluate(test)["accuracy"]
     metrics = fit_svi(head, train, collapsed=True, num_steps=150, progress=False, seed=0)
     assert metrics["loss"].iloc[-1] < 0.5 * metrics["loss"].iloc[0]
-    assert head.evaluate(train)["accuracy"] >= 0.8 * truth.evaluate(train)["accuracy"]
-    assert head.evaluate(test)["accuracy"] >= 0.7 * truth.evaluate(test)["accuracy"] > start + 0.3
+    assert head.evaluate(train)["accuracy"] >= 0.95 * truth.evaluate(train)["accuracy"]
+    assert head.evaluate(test)["accuracy"] >= 0.85 * truth.evaluate(test)["accuracy"] > start + 0.3

@@ -1,0 +1,109 @@
+"""The structured-facts head's parameters (:class:`~pyro_multihop.models.facts.FactAttention`): their shapes in terms
+of ``L`` hops, ``F`` fields, ``S`` symbols, ``P`` question positions, ``D`` embedding dimensions and ``A`` answers,
+their counts before anything is allocated, and the checks of the values a user hands the constructor."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..engine.log_space import MASKED_LOGIT
+from . import fact_comparison as comparison
+from . import symbol_embedding as embedded
+
+__all__ = ["PARAMETER_SHAPES", "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor",
+           "mix_logits", "initial_value"]
+
+#: Shape of every parameter, in terms of ``L`` hops, ``F`` fields, ``S`` symbols and ``P`` question positions.
+PARAMETER_SHAPES = {
+    "question_choice": "(L, S)",
+    "question_position": "(L, P)",
+    "question_equality": "(L, F)",
+    "question_tables": "(L, F, S, S)",
+    "field_equality": "(L - 1, F, F)",
+    "content_tables": "(L - 1, F, F, S, S)",
+    "age_slopes": "(L,)",
+    "age_by_symbol": "(L - 1, F, S)",
+    "offset_slopes": "(L - 1,)",
+    "offset_by_symbol": "(L - 1, F, S)",
+    "direction_logits": "(L - 1,)",
+    "direction_by_symbol": "(L - 1, F, S)",
+    "nearest_weights": "(L - 1, 2, F)",
+    "nearest_by_symbol": "(L - 1, 2, F, S)",
+    "emission_tables": "(F, S, A)",
+    "emission_mix": "(2 F + 1,)",
+    "copy_by_symbol": "(S,)",
+    **comparison.COMPARISON_SHAPES,
+}
+
+
+def parameter_shapes(embed_dim: Optional[int] = None) -> dict:
+    """``{name: shape}`` of a :class:`FactAttention`'s parameters: :data:`PARAMETER_SHAPES` (``embed_dim=None``), or
+    with its ``S x S`` tables replaced by :data:`~.symbol_embedding.EMBEDDING_SHAPES` (``D`` = ``embed_dim``).
+    ``A`` is the number of answers the learnt parts of the emission can give (``answer_symbols``; ``S`` without)."""
+    if embed_dim is None:
+        return dict(PARAMETER_SHAPES)
+    kept = {name: spec for name, spec in PARAMETER_SHAPES.items() if name not in embedded.REPLACED_TABLES}
+    return {**kept, **embedded.EMBEDDING_SHAPES}
+
+
+def shape_of(spec: str, L: int, F: int, S: int, P: int, D: int = 0, A: Optional[int] = None) -> tuple:
+    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F + 1": 2 * F + 1, "2": 2, "D": D,
+             "A": S if A is None else A}
+    return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
+
+
+def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_question_len: int,
+                       embed_dim: Optional[int] = None, num_answers: Optional[int] = None) -> dict:
+    """``{name: number of entries}`` of every parameter of a :class:`FactAttention` of these sizes, computed
+    before any is allocated (:func:`parameter_shapes`). With the tables (``embed_dim=None``), ``question_tables``,
+    ``content_tables`` and ``emission_tables`` grow as ``S^2``, in all ``(L F + (L - 1) F^2 + F) S^2``; with
+    ``embed_dim=D``, the embeddings as ``2 S D``, the bilinear forms as ``(L F + (L - 1) F^2 + F) D^2``, the rest as
+    ``S`` or not at all; ``num_answers``: ``A`` (default ``S``)."""
+    sizes = {}
+    for name, spec in parameter_shapes(embed_dim).items():
+        count = 1
+        for size in shape_of(spec, n_hops, num_fields, num_symbols, max_question_len, embed_dim or 0, num_answers):
+            count *= size
+        sizes[name] = count
+    return sizes
+
+
+def answer_symbols_tensor(answer_symbols, num_symbols: int) -> Optional[torch.Tensor]:
+    """``(A,)`` int64 from ``answer_symbols`` (None stays None), checked: distinct symbols in ``[0, S)``."""
+    if answer_symbols is None:
+        return None
+    answers = torch.as_tensor(answer_symbols)
+    if answers.dtype.is_floating_point or answers.dtype == torch.bool or answers.dim() != 1 or not len(answers):
+        raise TypeError(f"answer_symbols must be a non-empty 1-D sequence of integer symbols, got "
+                        f"{answers.dtype} of shape {tuple(answers.shape)}")
+    answers = answers.long()
+    bad = answers[(answers < 0) | (answers >= num_symbols)]
+    if len(bad):
+        raise ValueError(f"answer_symbols must lie in [0, num_symbols = {num_symbols}), got {int(bad[0])}")
+    if len(answers.unique()) != len(answers):
+        raise ValueError("answer_symbols must be distinct, got a repeated symbol")
+    return answers
+
+
+def mix_logits(probs: torch.Tensor, num_fields: int) -> torch.Tensor:
+    """``emission_mix`` from probabilities: ``2 F + 1`` of them, or ``2 F`` (the comparison switched off)."""
+    size = 2 * num_fields + 1
+    if probs.shape == (size - 1,):
+        probs = torch.cat([probs, probs.new_zeros(1)])
+    if probs.shape != (size,) or (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-6:
+        raise ValueError(f"emission_mix_probs must be {size} (or {size - 1}, the comparison off) non-negative numbers "
+                         f"summing to 1, got {probs.tolist()}")
+    return torch.where(probs > 0, probs.log(), torch.full_like(probs, MASKED_LOGIT))
+
+
+def initial_value(name: str, value, shape: tuple, spec: str, dtype) -> torch.Tensor:
+    value = torch.as_tensor(value)
+    if not value.dtype.is_floating_point:
+        raise TypeError(f"init[{name!r}] must be a floating-point tensor, got dtype {value.dtype}")
+    if tuple(value.shape) != shape:
+        raise ValueError(f"init[{name!r}] must have shape {spec} = {shape}, got {tuple(value.shape)}")
+    if name != "emission_mix" and not torch.isfinite(value).all():
+        raise ValueError(f"init[{name!r}] must be finite, got a NaN or inf entry")
+    return value.detach().clone().to(dtype)
