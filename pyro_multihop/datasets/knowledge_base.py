@@ -8,9 +8,9 @@ test questions hold only entities that training never showed.
 
 An ``L``-hop question starts at an entity ``X`` and follows ``L`` of its facts ``(e_{l-1}, r_l, e_l)``
 (``e_0 = X``, entities distinct); its answer is ``e_L``, which the relations determine. Its facts are the
-``L`` chain facts and up to ``max_facts - L`` others from the neighbourhood the hops explore (every fact out of
-``e_0 .. e_{L-1}`` and out of the objects of those facts, drawn at random when there are more), in random
-order. Its tokens are the question word of the first kind, then for ``l = L .. 1`` a word naming ``r_l`` (one
+``L`` chain facts and up to ``max_facts - L`` others from ``X``'s ``L``-hop neighbourhood (every fact out of an
+entity that fewer than ``L`` facts separate from ``X``, as knowledge-base QA sets cut their subgraphs; drawn at
+random when there are more), in random order. Its tokens are the question word of the first kind, then for ``l = L .. 1`` a word naming ``r_l`` (one
 of ``words_per_relation`` synonyms, never the relation's own token) and a linking word, then ``X``::
 
     facts:    (e, r, o) ... with (X, r_1, e_1), (e_1, r_2, e_2) among them
@@ -124,9 +124,13 @@ def _walk(objects: np.ndarray, start: int, n_hops: int, generator) -> Optional[l
 
 def _question(objects, path, n_hops, max_facts, words_per_relation, generator, index) -> QARecord:
     chain = set(path)
-    explored = {fact[0] for fact in path}
-    explored |= {int(o) for e in list(explored) for o in objects[e] if o >= 0}
-    others = sorted({(e, r, int(objects[e, r])) for e in explored for r in np.flatnonzero(objects[e] >= 0)} - chain)
+    frontier, reached, neighbourhood = {path[0][0]}, {path[0][0]}, set()
+    for _ in range(n_hops):  # the facts within n_hops of X: out of every entity fewer than n_hops facts away
+        facts = {(e, int(r), int(objects[e, r])) for e in frontier for r in np.flatnonzero(objects[e] >= 0)}
+        neighbourhood |= facts
+        frontier = {fact[2] for fact in facts} - reached
+        reached |= frontier
+    others = sorted(neighbourhood - chain)
     keep = generator.permutation(len(others))[:max_facts - n_hops]
     facts = [others[i] for i in keep] + list(path)
     order = generator.permutation(len(facts))

@@ -161,16 +161,15 @@ def test_the_start_attends_uniformly_and_the_seed_draws_the_embeddings():
 
 
 def test_svi_learns_the_chain_task_and_carries_it_to_unseen_entities():
-    """fit_svi (collapsed, the head's defaults, D = 8, 150 steps) on 200 rows of ``fact_chain_task``: the training
-    rows, and the held-out rows over entities training never showed, are answered nearly as the generating
-    structure answers them (measured: 0.985 and 0.92; at the start, under uniform attention, few are). With a
-    decay of the embeddings ten times weaker (3e-3) the held-out accuracy here falls to 0.57: the forms memorise the
-    training entities (svi_defaults)."""
-    train, test = fact_chain_task(200, seed=0), fact_chain_task(200, entities="test", seed=1)
+    """fit_svi (collapsed, the head's defaults, D = 16, 300 steps) on 2,000 rows of ``fact_chain_task``: the training
+    rows, and held-out rows over entities training never showed, are answered as the generating structure answers
+    them (measured: 1.0 and 1.0; at the start, under uniform attention, few are). With the decay of the table head
+    (3e-2) on the embeddings both stay near 0.89 (svi_defaults)."""
+    train, test = fact_chain_task(2000, seed=0), fact_chain_task(300, entities="test", seed=1)
     truth = fact_chain_truth()
-    head = FactAttention(2, 3, truth.num_symbols, max_question_len=3, embed_dim=8)
+    head = FactAttention(2, 3, truth.num_symbols, max_question_len=3, embed_dim=16)
     start = head.evaluate(test)["accuracy"]
-    metrics = fit_svi(head, train, collapsed=True, num_steps=150, progress=False, seed=0)
+    metrics = fit_svi(head, train, collapsed=True, progress=False, seed=0)
     assert metrics["loss"].iloc[-1] < 0.5 * metrics["loss"].iloc[0]
-    assert head.evaluate(train)["accuracy"] >= 0.95 * truth.evaluate(train)["accuracy"]
-    assert head.evaluate(test)["accuracy"] >= 0.85 * truth.evaluate(test)["accuracy"] > start + 0.3
+    assert head.evaluate(train)["accuracy"] >= 0.97 * truth.evaluate(train)["accuracy"]
+    assert head.evaluate(test)["accuracy"] >= 0.95 * truth.evaluate(test)["accuracy"] > start + 0.3
