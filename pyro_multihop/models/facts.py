@@ -375,6 +375,11 @@ class FactAttention(HopAttentionHead):
         probs = probs.scatter_add(-1, obs.facts, copies)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
 
+    def field_normalisers(self) -> "embedded.FieldNormalisers":
+        """An embedded head's emission normalisers, computed once per (field, symbol) of the chunks they serve."""
+        return embedded.FieldNormalisers(self.symbol_embedding, self.emission_bilinear, self.output_embedding,
+                                         self.answer_bias)
+
     def _comparison_weighs(self) -> bool:
         """Whether the comparison component has any weight (its mixture logit above ``MASKED_LOGIT``): where it has
         none, its terms are exactly 0 and their gradients too, so they are not computed."""
@@ -390,12 +395,10 @@ class FactAttention(HopAttentionHead):
         answer = self.answer_index[obs.target]  # (c,): the target's answer number, -1 where the tables cannot give it
         emitted = (answer >= 0).to(tables.dtype).view(-1, 1, 1)
         answer = answer.clamp(min=0)
-        if self.embed_dim is not None and normalisers is not None:
-            table_probs = embedded.table_log_probs_at(obs.facts, answer, self.symbol_embedding, self.emission_bilinear,
-                                                      self.output_embedding, self.answer_bias, normalisers).exp()
-        elif self.embed_dim is not None:  # the normaliser over the A answers in blocks, no (c, N, A) table
+        if self.embed_dim is not None:  # the normaliser over the A answers in blocks, no (c, N, A) table
+            normalisers = self.field_normalisers() if normalisers is None else normalisers
             table_probs = embedded.table_log_probs(obs.facts, answer, self.symbol_embedding, self.emission_bilinear,
-                                                   self.output_embedding, self.answer_bias).exp()
+                                                   self.output_embedding, self.answer_bias, normalisers).exp()
         else:
             rows = self.emission_tables.log_softmax(-1)  # (F, S, A)
             at = answer.view(-1, 1).expand(obs.facts.shape[:2])
@@ -454,9 +457,7 @@ class FactAttention(HopAttentionHead):
 
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
-            normalisers = embedded.FieldNormalisers(self.symbol_embedding, self.emission_bilinear,
-                                                    self.output_embedding, self.answer_bias)
-            position_target = functools.partial(self.target_log_probs, normalisers=normalisers)
+            position_target = functools.partial(self.target_log_probs, normalisers=self.field_normalisers())
         return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
                                extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
                                position_target=position_target)

@@ -19,9 +19,10 @@ The equality weights stay beside the bilinear forms (they carry over to symbols 
   the ``(F D, F D)`` block matrix of the content forms, plus the ``F^2`` equality matches, one field pair at a time
   (no ``(c, N, N, F, F)`` tensor);
 - :func:`table_log_probs` ``(c, N, F)``: the table part of the emission at each row's target, with its normaliser
-  over the ``S`` answers from :class:`LogNormaliser` (column blocks under the engine's memory budget, recomputed in
-  the backward: ``O(R D + S D)`` memory for ``R`` distinct (field, symbol) pairs);
-- :func:`table_probs` ``(c, N, S)``: the table part of the emission for every answer (predictions).
+  over the ``A`` answers from :class:`LogNormaliser` (column blocks under the engine's memory budget, recomputed in
+  the backward: ``O(R D + A D)`` memory for ``R`` distinct (field, symbol) pairs), each computed once per chunk or
+  per query (:class:`FieldNormalisers`);
+- :func:`table_probs` ``(c, N, A)``: the table part of the emission for every answer (predictions).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from ..engine import get_memory_budget
 
 __all__ = ["EMBEDDING_SHAPES", "REPLACED_TABLES", "RANDOM_START", "LogNormaliser", "FieldNormalisers", "chunk_vectors",
-           "question_term", "pair_term", "table_log_probs", "table_log_probs_at", "table_probs"]
+           "question_term", "pair_term", "table_log_probs", "table_probs"]
 
 #: Shapes of the parameters that replace the ``S x S`` tables (``D`` = ``embed_dim``).
 EMBEDDING_SHAPES = {
@@ -144,26 +145,8 @@ def _hidden(fields, embedding, bilinear, a: int) -> torch.Tensor:
     return embedding[fields[..., a]] @ bilinear[a]  # (c, N, D): e_{f_i^a}^T W[a]
 
 
-def table_log_probs(fields, target, embedding, bilinear, output, bias) -> torch.Tensor:
-    """``(c, N, F)``: ``log softmax_t(e_{f_i^a}^T bilinear[a] o_t + bias_t)`` at each row's ``target`` ``(c,)``.
-
-    The normaliser depends on a fact only through its (field, symbol): it is computed once for each distinct pair
-    of the chunk (:class:`LogNormaliser`) and gathered back."""
-    c, N, F = fields.shape
-    parts, inverses = [], []
-    for a in range(F):
-        symbols, inverse = torch.unique(fields[..., a], return_inverse=True)
-        parts.append(embedding[symbols] @ bilinear[a])
-        inverses.append(inverse + sum(len(part) for part in parts[:-1]))
-    hidden = torch.cat(parts)  # (R, D)
-    log_norm = LogNormaliser.apply(hidden, output, bias)  # (R,)
-    index = torch.stack(inverses, -1)  # (c, N, F): each fact field's row of hidden
-    logits = (hidden[index] * output[target].view(c, 1, 1, -1)).sum(-1) + bias[target].view(c, 1, 1)
-    return logits - log_norm[index]
-
-
 class FieldNormalisers:
-    """The normalisers of :func:`table_log_probs` of one query, over all its chunks: ``log sum_t exp(e_s^T
+    """The normalisers of :func:`table_log_probs` of one chunk or one query, over all its chunks: ``log sum_t exp(e_s^T
     bilinear[a] o_t + bias_t)`` for each distinct (field ``a``, symbol ``s``), computed once the first time a chunk
     holds the pair and gathered from then on. A symbol repeats across the chunks of a data set (an entity in many
     questions), so a query computes ``O(R A D)`` for the ``R`` distinct pairs of all its rows, not of each chunk.
@@ -203,10 +186,12 @@ class FieldNormalisers:
         return norms[self.position[columns, fields]]
 
 
-def table_log_probs_at(fields, target, embedding, bilinear, output, bias, normalisers) -> torch.Tensor:
-    """``(c, N, F)``: :func:`table_log_probs`, its normalisers from ``normalisers`` (a :class:`FieldNormalisers`)."""
+def table_log_probs(fields, target, embedding, bilinear, output, bias, normalisers) -> torch.Tensor:
+    """``(c, N, F)``: ``log softmax_t(e_{f_i^a}^T bilinear[a] o_t + bias_t)`` at each row's ``target`` ``(c,)``, the
+    normaliser of each (field, symbol) from ``normalisers`` (a :class:`FieldNormalisers`: computed once per distinct
+    pair, by :class:`LogNormaliser`)."""
     c, N, F = fields.shape
-    hidden = torch.stack([embedding[fields[..., a]] @ bilinear[a] for a in range(F)], -2)  # (c, N, F, D)
+    hidden = torch.stack([_hidden(fields, embedding, bilinear, a) for a in range(F)], -2)  # (c, N, F, D)
     logits = (hidden * output[target].view(c, 1, 1, -1)).sum(-1) + bias[target].view(c, 1, 1)
     return logits - normalisers(fields)
 
