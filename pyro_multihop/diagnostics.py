@@ -171,7 +171,8 @@ def diagnose_fit(
     with ``warn``, issues each with ``warnings.warn``.
 
     :param model: a fitted head; its posterior is checked if it has ``embeddings() -> (mean, scale)`` (the
-        tied head). Other heads are accepted and give no posterior check.
+        tied head, the facts head with ``embedding_posterior="mean_field"``). Other heads, and point estimates
+        (``embeddings()`` None, or its scale None), are accepted and give no posterior check.
     :param metrics: a DataFrame with a ``step`` column, one row per logged step or iteration.
     :param posterior: ``(mean, scale)``, ``(S, D)`` each, instead of ``model``.
     :param str held_out: the held-out log-likelihood column of ``metrics`` (skipped if absent or all NaN).
@@ -195,7 +196,7 @@ def diagnose_fit(
     if posterior is None and model is not None and callable(getattr(model, "embeddings", None)):
         posterior = model.embeddings()
     found = []
-    if posterior is not None:
+    if posterior is not None and posterior[1] is not None:  # a point estimate (scale None) has no posterior
         found += _posterior_collapse(*posterior, collapse_scale, collapse_distance)
     if metrics is not None and held_out in metrics.columns:
         found += _held_out_decline(metrics, held_out, tolerance)

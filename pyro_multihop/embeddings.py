@@ -1,4 +1,11 @@
-"""Inspecting a posterior over tied embeddings: alignment, 2-D projection with uncertainty, neighbours, plots.
+"""Symbol embeddings, and inspecting them: alignment, 2-D projection with uncertainty, neighbours, plots.
+
+Both embedding heads hold one embedding per symbol, a matrix ``E`` ``(S, D)``: the tied head
+(:class:`~pyro_multihop.models.tied.TiedEmbeddingAttention`, a mean-field posterior) and the structured-facts head
+with ``embed_dim=D`` (:class:`~pyro_multihop.models.facts.FactAttention`, a point estimate by default, or a mean-field
+posterior with ``embedding_posterior="mean_field"``). Each gives it as a :class:`SymbolEmbeddings` (``mean``, and
+``scale`` or None for a point estimate) from ``head.embeddings()``, and every function here takes a head, a
+:class:`SymbolEmbeddings` or a plain ``(S, D)`` matrix where it takes the means (:func:`symbol_embeddings`).
 
 The tied head's likelihood depends on the embeddings only through their distances, so a fitted posterior
 is defined up to an orthogonal transformation (and, but for the prior, a translation): compare two fits
@@ -30,6 +37,8 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 __all__ = [
+    "SymbolEmbeddings",
+    "symbol_embeddings",
     "Projection2D",
     "Neighbours",
     "procrustes_align",
@@ -37,6 +46,53 @@ __all__ = [
     "nearest_neighbours",
     "plot_embedding_posterior",
 ]
+
+
+class SymbolEmbeddings(NamedTuple):
+    """One embedding per symbol: a point estimate (``scale`` None) or a diagonal normal posterior.
+
+    A pair, so that ``mean, scale = head.embeddings()`` reads it.
+
+    :ivar mean: ``(S, D)`` the point estimate, or the posterior means.
+    :ivar scale: ``(S, D)`` posterior standard deviations, or None for a point estimate.
+    """
+
+    mean: torch.Tensor
+    scale: Optional[torch.Tensor] = None
+
+    def sample(self, num_samples: int, seed: Optional[int] = None) -> torch.Tensor:
+        """``(num_samples, S, D)`` independent draws ``mean + scale * eps`` (a point estimate: ``mean`` repeated).
+
+        :param seed: seed of a private ``torch.Generator``; None: a fresh random seed.
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        mean = self.mean.detach()
+        if self.scale is None:
+            return mean.expand(num_samples, *mean.shape).clone()
+        generator = torch.Generator(device=mean.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        noise = torch.randn((num_samples, *mean.shape), generator=generator, dtype=mean.dtype, device=mean.device)
+        return mean + self.scale.detach() * noise
+
+
+def symbol_embeddings(source, scale=None) -> SymbolEmbeddings:
+    """:class:`SymbolEmbeddings` of ``source``: a head with ``embeddings()`` (the tied head; the facts head with
+    ``embed_dim``), a :class:`SymbolEmbeddings`, or an ``(S, D)`` matrix of means with ``scale`` (``(S, D)`` or
+    None). ``ValueError`` for a head without embeddings (the facts head's tables) or a scale given twice."""
+    if callable(getattr(source, "embeddings", None)):
+        found = source.embeddings()
+        if found is None:
+            raise ValueError(f"{type(source).__name__} has no symbol embeddings (a table head: build it with embed_dim)")
+        source = found
+    if isinstance(source, SymbolEmbeddings):
+        if scale is not None and source.scale is not None:
+            raise ValueError("scale is given twice: by the embeddings and by the scale argument")
+        return SymbolEmbeddings(source.mean, source.scale if scale is None else scale)
+    return SymbolEmbeddings(source, scale)
 
 
 class Projection2D(NamedTuple):
@@ -86,14 +142,15 @@ def procrustes_align(embeddings, reference, center: bool = False):
     ``R = U V^T`` from the SVD ``embeddings^T reference = U Sigma V^T`` (reflections allowed: the model is
     invariant to them too).
 
-    :param embeddings: ``(S, D)``, e.g. posterior means of one fit.
-    :param reference: ``(S, D)``, e.g. those of another fit or a ground truth.
+    :param embeddings: ``(S, D)``, e.g. posterior means of one fit (or a head, or :class:`SymbolEmbeddings`: its
+        means).
+    :param reference: ``(S, D)``, e.g. those of another fit or a ground truth (or a head, its means).
     :param bool center: remove both column means first and add the reference's back (also aligns a
         translation); default False, a pure rotation/reflection about the origin (the prior's center).
     :returns: ``(aligned (S, D), rotation (D, D))``, ``aligned = embeddings @ rotation`` (centered as asked).
     """
-    embeddings = _as_matrix("embeddings", embeddings)
-    reference = _as_matrix("reference", reference).to(embeddings.dtype)
+    embeddings = _as_matrix("embeddings", symbol_embeddings(embeddings).mean)
+    reference = _as_matrix("reference", symbol_embeddings(reference).mean).to(embeddings.dtype)
     if reference.shape != embeddings.shape:
         raise ValueError(
             f"reference must have the shape of embeddings {tuple(embeddings.shape)}, got {tuple(reference.shape)}"
@@ -114,9 +171,11 @@ def project_2d(mean, scale=None) -> Projection2D:
     """Project posterior means on their first two principal axes, and the diagonal posterior covariances
     through the same map: ``cov_s = W^T diag(scale_s^2) W``.
 
-    :param mean: ``(S, D)`` posterior means, ``S >= 2``, ``D >= 2``.
+    :param mean: ``(S, D)`` posterior means, ``S >= 2``, ``D >= 2`` (or a head, or :class:`SymbolEmbeddings`: its
+        means and scales).
     :param scale: ``(S, D)`` posterior standard deviations, or None.
     """
+    mean, scale = symbol_embeddings(mean, scale)
     mean = _as_matrix("mean", mean, min_rows=2, min_cols=2)
     if scale is not None:
         scale = _as_matrix("scale", scale).to(mean.dtype)
@@ -144,9 +203,9 @@ def nearest_neighbours(mean, k: int = 1) -> Neighbours:
     """The ``k`` nearest other symbols of each symbol by Euclidean distance between posterior means
     (ties to the lower index).
 
-    :param mean: ``(S, D)``. :param int k: ``1 <= k < S``.
+    :param mean: ``(S, D)`` (or a head, or :class:`SymbolEmbeddings`: its means). :param int k: ``1 <= k < S``.
     """
-    mean = _as_matrix("mean", mean, min_rows=2)
+    mean = _as_matrix("mean", symbol_embeddings(mean).mean, min_rows=2)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < mean.shape[0]:
         raise ValueError(f"k must be an integer in [1, S - 1] = [1, {mean.shape[0] - 1}], got {k!r}")
     distances = (mean.unsqueeze(1) - mean.unsqueeze(0)).pow(2).sum(-1).sqrt()
@@ -169,15 +228,17 @@ def plot_embedding_posterior(
     standard deviations around each (``scale`` given) and the symbols as labels.
 
     :param ax: a matplotlib ``Axes``.
-    :param mean: ``(S, D)``. :param scale: ``(S, D)`` or None (no ellipses).
+    :param mean: ``(S, D)`` (or a head, or :class:`SymbolEmbeddings`: its means and scales).
+    :param scale: ``(S, D)`` or None (no ellipses).
     :param labels: ``S`` labels; default the symbol indices.
     :param float n_std: ellipse radius in standard deviations along its principal axes.
-    :param reference: optional ``(S, D)``: align ``mean`` to it first (:func:`procrustes_align`), rotating the
+    :param reference: optional ``(S, D)`` (or a head): align ``mean`` to it first (:func:`procrustes_align`), rotating the
         posterior covariances with it, so that two fits can be drawn in one frame.
     :returns: the :class:`Projection2D` drawn.
     """
     from matplotlib.patches import Ellipse
 
+    mean, scale = symbol_embeddings(mean, scale)
     mean = _as_matrix("mean", mean, min_rows=2, min_cols=2)
     if n_std <= 0 or not math.isfinite(n_std):
         raise ValueError(f"n_std must be a positive finite number, got {n_std!r}")
@@ -186,7 +247,7 @@ def plot_embedding_posterior(
     if reference is None:
         projection = project_2d(mean, scale)
     else:
-        mean, rotation = procrustes_align(mean, reference)
+        mean, rotation = procrustes_align(mean, symbol_embeddings(reference).mean)
         projection = project_2d(mean, None)
         if scale is not None:
             # Rotated diagonal covariances are full: R^T diag(s^2) R, then projected.

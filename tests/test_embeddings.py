@@ -8,7 +8,9 @@ import pytest
 import torch
 from matplotlib.patches import Ellipse
 
-from pyro_multihop.embeddings import nearest_neighbours, plot_embedding_posterior, procrustes_align, project_2d
+from pyro_multihop.embeddings import (SymbolEmbeddings, nearest_neighbours, plot_embedding_posterior, procrustes_align,
+                                      project_2d, symbol_embeddings)
+from tests import factories
 
 
 def random_orthogonal(dim, seed, reflect=False):
@@ -162,3 +164,64 @@ def test_helpers_accept_a_fitted_heads_posterior():
     assert project_2d(mean, scale).points.shape == (7, 2)
     assert nearest_neighbours(mean, k=2).indices.shape == (7, 2)
     assert list(itertools.chain(*nearest_neighbours(mean, k=6).indices.tolist())).count(0) == 6
+
+
+def embedded_fact_head(posterior="point", **options):
+    from pyro_multihop import FactAttention
+
+    head = FactAttention(2, 3, 9, max_question_len=3, max_distance=3, embed_dim=4, dtype=torch.float64, seed=3,
+                         embedding_posterior=posterior, **options)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name in ("question_bilinear", "content_bilinear", "emission_bilinear", "question_equality"):
+            getattr(head, name).copy_(torch.randn(getattr(head, name).shape, generator=g, dtype=torch.float64))
+    return head
+
+
+def test_procrustes_recovers_a_rotation_of_the_facts_heads_embedding():
+    """The facts head's likelihood is unchanged when ``E`` is rotated and its bilinear forms counter-rotated; aligning
+    the rotated head's ``E`` to the original recovers it and the rotation."""
+    from pyro_multihop import FactAttention
+
+    head = embedded_fact_head()
+    q = random_orthogonal(4, seed=5, reflect=True)
+    init = {name: p.detach() for name, p in head.named_parameters()}
+    init.update(symbol_embedding=head.symbol_embedding.detach() @ q,
+                question_bilinear=q.T @ head.question_bilinear.detach() @ q,
+                content_bilinear=q.T @ head.content_bilinear.detach() @ q,
+                emission_bilinear=q.T @ head.emission_bilinear.detach())
+    rotated = FactAttention(2, 3, 9, max_question_len=3, max_distance=3, embed_dim=4, dtype=torch.float64, init=init)
+    obs = factories.random_fact_observations(4, 5, 3, 3, 9, seed=1)
+    assert torch.allclose(rotated.log_likelihood(obs), head.log_likelihood(obs), atol=1e-10, rtol=0)
+    aligned, rotation = procrustes_align(rotated, head)
+    assert torch.allclose(aligned, head.symbol_embedding.detach(), atol=1e-12)
+    assert torch.allclose(rotation, q.T, atol=1e-12)
+
+
+def test_projection_neighbours_and_plot_read_a_facts_heads_embedding(tmp_path):
+    """A mean-field facts head: its posterior's covariances projected, one ellipse a symbol in the written plot; a
+    point estimate: no covariance; a table head has no embedding; the tied head's is the same kind of object."""
+    from pyro_multihop import FactAttention, TiedEmbeddingAttention
+
+    variational, point = embedded_fact_head("mean_field"), embedded_fact_head()
+    assert torch.equal(variational.embeddings().mean, point.embeddings().mean) and point.embeddings().scale is None
+    projection = project_2d(variational)
+    assert projection.points.shape == (9, 2) and bool((projection.covariances.diagonal(0, 1, 2) > 0).all())
+    assert torch.equal(project_2d(point).covariances, torch.zeros(9, 2, 2, dtype=torch.float64))
+    assert torch.equal(project_2d(point).points, projection.points)
+    assert nearest_neighbours(variational, k=2).indices.shape == (9, 2)
+    figure, ax = plt.subplots()
+    try:
+        plot_embedding_posterior(ax, variational, labels=list("abcdefghi"))
+        assert len([patch for patch in ax.patches if isinstance(patch, Ellipse)]) == 9
+        figure.savefig(tmp_path / "facts_embedding.png")
+    finally:
+        plt.close(figure)
+    assert (tmp_path / "facts_embedding.png").stat().st_size > 0
+    draws = variational.embeddings().sample(3, seed=0)
+    assert draws.shape == (3, 9, 4) and not torch.equal(draws[0], draws[1])
+    assert torch.equal(point.embeddings().sample(2)[1], point.embeddings().mean)
+    with pytest.raises(ValueError, match="has no symbol embeddings"):
+        symbol_embeddings(FactAttention(2, 3, 9))
+    tied = TiedEmbeddingAttention(7, 3, 7, seed=0).embeddings()
+    assert isinstance(tied, SymbolEmbeddings) and tied.scale is not None

@@ -38,14 +38,20 @@ PARAMETER_SHAPES = {
 }
 
 
-def parameter_shapes(embed_dim: Optional[int] = None) -> dict:
+def parameter_shapes(embed_dim: Optional[int] = None, embedding_posterior: str = "point") -> dict:
     """``{name: shape}`` of a :class:`FactAttention`'s parameters: :data:`PARAMETER_SHAPES` (``embed_dim=None``), or
     with its ``S x S`` tables replaced by :data:`~.symbol_embedding.EMBEDDING_SHAPES` (``D`` = ``embed_dim``).
-    ``A`` is the number of answers the learnt parts of the emission can give (``answer_symbols``; ``S`` without)."""
+    ``A`` is the number of answers the learnt parts of the emission can give (``answer_symbols``; ``S`` without).
+    ``embedding_posterior="mean_field"``: ``symbol_embedding`` is a latent, its posterior's means and (unconstrained)
+    standard deviations in its place (:mod:`.fact_variational`)."""
     if embed_dim is None:
         return dict(PARAMETER_SHAPES)
     kept = {name: spec for name, spec in PARAMETER_SHAPES.items() if name not in embedded.REPLACED_TABLES}
-    return {**kept, **embedded.EMBEDDING_SHAPES}
+    shapes = {**kept, **embedded.EMBEDDING_SHAPES}
+    if embedding_posterior == "mean_field":
+        del shapes["symbol_embedding"]
+        shapes.update({"embedding_guide.loc": "(S, D)", "embedding_guide.scale_unconstrained": "(S, D)"})
+    return shapes
 
 
 def shape_of(spec: str, L: int, F: int, S: int, P: int, D: int = 0, A: Optional[int] = None) -> tuple:
@@ -55,14 +61,16 @@ def shape_of(spec: str, L: int, F: int, S: int, P: int, D: int = 0, A: Optional[
 
 
 def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_question_len: int,
-                       embed_dim: Optional[int] = None, num_answers: Optional[int] = None) -> dict:
+                       embed_dim: Optional[int] = None, num_answers: Optional[int] = None,
+                       embedding_posterior: str = "point") -> dict:
     """``{name: number of entries}`` of every parameter of a :class:`FactAttention` of these sizes, computed
     before any is allocated (:func:`parameter_shapes`). With the tables (``embed_dim=None``), ``question_tables``,
     ``content_tables`` and ``emission_tables`` grow as ``S^2``, in all ``(L F + (L - 1) F^2 + F) S^2``; with
     ``embed_dim=D``, the embeddings as ``2 S D``, the bilinear forms as ``(L F + (L - 1) F^2 + F) D^2``, the rest as
-    ``S`` or not at all; ``num_answers``: ``A`` (default ``S``)."""
+    ``S`` or not at all; ``num_answers``: ``A`` (default ``S``); ``embedding_posterior="mean_field"``: ``S D`` more
+    (the posterior's standard deviations beside its means)."""
     sizes = {}
-    for name, spec in parameter_shapes(embed_dim).items():
+    for name, spec in parameter_shapes(embed_dim, embedding_posterior).items():
         count = 1
         for size in shape_of(spec, n_hops, num_fields, num_symbols, max_question_len, embed_dim or 0, num_answers):
             count *= size

@@ -78,6 +78,7 @@ from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
+from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
 from .fact_parameters import (PARAMETER_SHAPES, answer_symbols_tensor, initial_value, mix_logits, parameter_elements,
                               parameter_shapes, shape_of)
@@ -90,7 +91,7 @@ __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_el
 EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
               "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
 
-class FactAttention(HopAttentionHead):
+class FactAttention(EmbeddingPosterior, HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
 
     The generative story and the terms of the score are in the module docstring; every parameter is an
@@ -112,6 +113,11 @@ class FactAttention(HopAttentionHead):
         their place (:mod:`.symbol_embedding`: ``O(S D)`` parameters and memory, for large vocabularies);
         ``symbol_embedding`` and ``output_embedding`` start random (seeded by ``seed``), everything else at 0.
     :param int seed: seed of the random start of the embeddings (``embed_dim`` only; None: 0).
+    :param str embedding_posterior: ``"point"`` (default): ``E`` a parameter; ``"mean_field"`` (needs ``embed_dim``):
+        ``E`` a latent ``e_s ~ Normal(0, I)`` with a mean-field posterior and an annealed KL, the tied head's
+        (:mod:`.fact_variational`; ``init`` may hold its means as ``symbol_embedding`` and its standard deviations
+        as ``symbol_embedding_scale``).
+    :param annealing: the KL weight's schedule under ``"mean_field"`` (default ``LinearAnnealing()``).
     :param bool comparison: whether the emission's comparison component is on (:mod:`.fact_comparison`: yes /
         no / maybe answers from matches of question tokens with the fact's fields). Off (the default), its
         mixture logit starts at ``MASKED_LOGIT``, where its weight and its gradient are exactly 0, so the head
@@ -135,7 +141,7 @@ class FactAttention(HopAttentionHead):
     def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
-                 answer_symbols=None):
+                 answer_symbols=None, embedding_posterior: str = "point", annealing=None):
         super().__init__()
         self.comparison = bool(comparison)
         self.n_hops = check_positive_int("n_hops", n_hops)
@@ -155,6 +161,7 @@ class FactAttention(HopAttentionHead):
         self.register_buffer("answer_index", index, persistent=False)
         dtype = torch.get_default_dtype() if dtype is None else dtype
         init = dict(init or {})
+        initial_scale = self._posterior_options(embedding_posterior, annealing, init)
         probs = init.pop("emission_mix_probs", None)
         if probs is not None:
             init["emission_mix"] = mix_logits(torch.as_tensor(probs, dtype=dtype), num_fields)
@@ -175,7 +182,7 @@ class FactAttention(HopAttentionHead):
                 value = torch.randn(shape, generator=generator, dtype=dtype) / self.embed_dim ** 0.5
             else:
                 value = torch.zeros(shape, dtype=dtype)
-            setattr(self, name, torch.nn.Parameter(value))
+            self._set_parameter(name, value, initial_scale)
 
     def config(self) -> dict:
         """The constructor's arguments; ``embed_dim`` only for an embedded head (a table head's configuration is
@@ -185,6 +192,7 @@ class FactAttention(HopAttentionHead):
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
         if self.answer_symbols is not None:
             config["answer_symbols"] = self.answer_symbols.tolist()
+        config = {**config, **self._posterior_config()}
         return {**config, "comparison": True} if self.comparison else config
 
     def kind(self) -> str:
@@ -197,7 +205,7 @@ class FactAttention(HopAttentionHead):
         symbol embeddings, or when it was written before the emission's comparison component (an ``emission_mix``
         of ``2 F`` entries, no ``compare_*`` parameters), read from the state dict's names, with what to do; None
         otherwise."""
-        theirs = "symbol_embedding" in state_dict
+        theirs = "symbol_embedding" in state_dict or "embedding_guide.loc" in state_dict
         if theirs == (self.embed_dim is not None) or not ("question_tables" in state_dict or theirs):
             if "emission_mix" in state_dict and not any(name in state_dict for name in comparison.COMPARISON_SHAPES):
                 return ("the checkpoint was written before FactAttention's emission had its comparison component "
@@ -234,7 +242,7 @@ class FactAttention(HopAttentionHead):
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
                      **{name: 3e-2 for name in tables[2:]}}
-        return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": decay}
+        return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 
     # -- validation -----------------------------------------------------------------------------------------
     def check_observations(self, obs, name: str = "obs") -> FactObservations:
@@ -301,7 +309,7 @@ class FactAttention(HopAttentionHead):
         """``(question (c, M, D), facts (c, N, F, D))`` rows of the symbol embedding (zero at padding), gathered once
         a chunk (:func:`.symbol_embedding.chunk_vectors`)."""
         if chunk.vectors is None:
-            chunk.vectors = embedded.chunk_vectors(self.symbol_embedding, chunk.question, chunk.fields)
+            chunk.vectors = embedded.chunk_vectors(self.embedding_matrix(), chunk.question, chunk.fields)
         return chunk.vectors
 
     def _by_previous(self, name: str, hop: int, chunk: FactFeatures) -> torch.Tensor:
@@ -362,7 +370,7 @@ class FactAttention(HopAttentionHead):
         cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
         tables, copies, compares, total, matches = self._mixture_weights(obs)
         if self.embed_dim is not None:
-            probs = embedded.table_probs(obs.facts, self.symbol_embedding, self.emission_bilinear,
+            probs = embedded.table_probs(obs.facts, self.embedding_matrix(), self.emission_bilinear,
                                          self.output_embedding, self.answer_bias, tables)
         else:
             rows = self.emission_tables.softmax(-1)  # (F, S, A)
@@ -377,7 +385,7 @@ class FactAttention(HopAttentionHead):
 
     def field_normalisers(self) -> "embedded.FieldNormalisers":
         """An embedded head's emission normalisers, computed once per (field, symbol) of the chunks they serve."""
-        return embedded.FieldNormalisers(self.symbol_embedding, self.emission_bilinear, self.output_embedding,
+        return embedded.FieldNormalisers(self.embedding_matrix(), self.emission_bilinear, self.output_embedding,
                                          self.answer_bias)
 
     def _comparison_weighs(self) -> bool:
@@ -397,7 +405,7 @@ class FactAttention(HopAttentionHead):
         answer = answer.clamp(min=0)
         if self.embed_dim is not None:  # the normaliser over the A answers in blocks, no (c, N, A) table
             normalisers = self.field_normalisers() if normalisers is None else normalisers
-            table_probs = embedded.table_log_probs(obs.facts, answer, self.symbol_embedding, self.emission_bilinear,
+            table_probs = embedded.table_log_probs(obs.facts, answer, self.embedding_matrix(), self.emission_bilinear,
                                                    self.output_embedding, self.answer_bias, normalisers).exp()
         else:
             rows = self.emission_tables.log_softmax(-1)  # (F, S, A)
@@ -458,9 +466,10 @@ class FactAttention(HopAttentionHead):
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
             position_target = functools.partial(self.target_log_probs, normalisers=self.field_normalisers())
-        return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
-                               extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
-                               position_target=position_target)
+        # a draw of E fixed now (the model's) is the one the engine's later calls read
+        chain, emission, target = map(self._at_this_embedding, (self.hop_chain, self.emission_log_probs, position_target))
+        return engine.HopFactors(self.log_emission, chain, L, position_emission=emission, position_target=target,
+                               extra_elements=extra_elements if self.embed_dim is None else embedded_elements)
 
     # -- queries that need the data class --------------------------------------------------------------------
     def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
@@ -480,12 +489,14 @@ class FactAttention(HopAttentionHead):
     # -- Pyro models ---------------------------------------------------------------------------------------------
     @pyro_method
     @config_enumerate
-    def model(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
+    def model(self, obs: FactObservations, subsample_size: Optional[int] = None, kl_weight=1.0) -> None:
         """Enumerated model: plate ``observations`` (dim -1), hop sites ``z_1..z_L`` (enumerated in parallel) and
         the observed ``target``, sampled inside the last hop's ``pyro.markov`` iteration. ``Trace.format_shapes()``
-        (L = 2, n = 4, N = 6): ``z_1`` value ``(6, 1)``, ``z_2`` value ``(6, 1, 1)``, ``target`` dist ``(6, 1, 4)``."""
+        (L = 2, n = 4, N = 6): ``z_1`` value ``(6, 1)``, ``z_2`` value ``(6, 1, 1)``, ``target`` dist ``(6, 1, 4)``. A
+        mean-field ``E`` is the site ``symbol_embedding`` first, under ``scale_kl(kl_weight)`` (:mod:`.fact_variational`)."""
         self.check_observations(obs)
-        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+        with self.drawn_embedding(kl_weight), \
+                pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = _rows(obs, index, subsample_size)
             first, later = self.hop_logits(batch)
             log_emission = self.emission_log_probs(batch)  # (c, N, S)
@@ -498,16 +509,16 @@ class FactAttention(HopAttentionHead):
                     pyro.sample("target", dist.Categorical(logits=Vindex(log_emission)[rows, position]), obs=batch.target)
 
     @pyro_method
-    def collapsed_model(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
-        """The model with the hop path summed out by the engine: one site ``target ~ CollapsedHopChain``."""
+    def collapsed_model(self, obs: FactObservations, subsample_size: Optional[int] = None, kl_weight=1.0) -> None:
+        """The model with the hop path summed out by the engine: one site ``target ~ CollapsedHopChain`` (after
+        ``symbol_embedding``, as in :meth:`model`, under a mean-field ``E``)."""
         self.check_observations(obs)
-        with pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
+        with self.drawn_embedding(kl_weight), \
+                pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = _rows(obs, index, subsample_size)
             pyro.sample("target", CollapsedHopChain(self.hop_factors(), batch), obs=batch.target)
 
-    @pyro_method
-    def guide(self, obs: FactObservations, subsample_size: Optional[int] = None) -> None:
-        """The empty guide: every latent is enumerated (or summed out), so the ELBO is the exact log-likelihood."""
+    # ``guide`` (:class:`.fact_variational.EmbeddingPosterior`): empty for a point estimate, the posterior of ``E`` else.
 
     def em_refusal(self) -> str:
         """Why this head has no EM (:data:`EM_REFUSAL`); ``ChainedEM`` raises it when handed this head or its data."""

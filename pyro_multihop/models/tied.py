@@ -70,6 +70,7 @@ from .. import engine
 from ..checks import check_number
 from ..data import Observations
 from ..distributions import CollapsedHopChain
+from ..embeddings import SymbolEmbeddings
 from ..gate_ops import log_normalize, table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
@@ -292,9 +293,10 @@ class TiedEmbeddingAttention(HopAttentionHead):
         """``(S, T)`` target distribution of each value symbol, rows on the simplex."""
         return self.emission_logits.softmax(-1)
 
-    def embeddings(self):
-        """Posterior ``(mean, scale)`` of the embeddings, each ``(S, D)``, detached copies."""
-        return self.guide.loc.detach().clone(), self.guide.scale.detach().clone()
+    def embeddings(self) -> SymbolEmbeddings:
+        """Posterior ``(mean, scale)`` of the embeddings, each ``(S, D)``, detached copies: a
+        :class:`~pyro_multihop.embeddings.SymbolEmbeddings`, as the facts head's ``embeddings()``."""
+        return SymbolEmbeddings(self.guide.loc.detach().clone(), self.guide.scale.detach().clone())
 
     def sample_embeddings(self, num_samples: int, seed: Optional[int] = None) -> torch.Tensor:
         """``(num_samples, S, D)`` independent draws from the posterior (no gradient); see ``guide.draw``."""
