@@ -33,6 +33,7 @@ _EXPORTS = {
     "FactAttention": ".models",
     "fact_chain_truth": ".models",
     "TiedEmbeddingAttention": ".models",
+    "SymbolEmbeddings": ".embeddings",
     "TiedEmbeddingVEM": ".em",
     "ChainedEM": ".em",
     "ConvergenceWarning": ".em",
