@@ -36,7 +36,7 @@ __getattr__ = deprecated_aliases(__name__, {"HopPosterior": ("pyro_multihop.engi
 
 def _chunks(factors: HopFactors, obs, route: str, budget, extra: float = 0.0):
     n, N = len(obs), obs.context_len
-    device = factors.log_emission.device
+    device = factors.device
     for part in row_slices(n, rows_per_chunk(factors, N, route, budget, extra)):
         yield part, device_chunk(obs, part, device)
 
@@ -99,7 +99,7 @@ def map_paths(factors: HopFactors, obs, budget=None, given_target: bool = True, 
         slices from 0, ``prepared`` a :class:`~.routes.PreparedChunk` on the max-product's route, ``emission``
         its :func:`~.posterior.shifted_emission` triple), as a forward-backward pass kept them
         (:func:`~.queries.posterior_marginals`' ``keep``): decoded without preparing them again."""
-    out = torch.empty(len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
+    out = torch.empty(len(obs), factors.n_hops, dtype=torch.long, device=factors.device)
     route = choose_route(factors, obs.context_len, max_product=True)
     done = 0
     with torch.no_grad():
@@ -365,9 +365,9 @@ def k_best_paths(factors: HopFactors, obs, k: int, budget=None, given_target: bo
     seen), with their prior log-probabilities."""
     check_positive_int("k", k)
     n, L, N = len(obs), factors.n_hops, obs.context_len
-    device = factors.log_emission.device
+    device = factors.device
     paths = torch.zeros(n, k, L, dtype=torch.long, device=device)
-    log_probs = factors.log_emission.new_empty(n, k)
+    log_probs = torch.empty(n, k, dtype=factors.dtype, device=device)
     route = choose_route(factors, N, max_product=True)
     # The max-marginals and the candidates' paths; rows that are not pruned run in smaller slices.
     extra = 4 * ENUMERATED_PATHS + 4 * (L + 1) * N
@@ -419,7 +419,7 @@ def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, bud
     """``(num_samples, n, L)`` hop paths drawn from the posterior given the target (forward filtering,
     backward sampling); with ``given_target=False``, from the prior chain (the paths before the target is seen)."""
     check_positive_int("num_samples", num_samples)
-    out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
+    out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.device)
     route = choose_route(factors, obs.context_len)
     with torch.no_grad():
         for part, chunk in _chunks(factors, obs, route, budget, extra=3 * num_samples * obs.context_len):
@@ -436,7 +436,7 @@ def path_entropy(factors: HopFactors, obs, budget=None, given_target: bool = Tru
 
         H(z_1..z_L | target) = H(z_L | target) + sum_{l<L} E_{z_{l+1} | target} H(z_l | z_{l+1})
     """
-    out = factors.log_emission.new_empty(len(obs))
+    out = torch.empty(len(obs), dtype=factors.dtype, device=factors.device)
     N = obs.context_len
     route = choose_route(factors, N, backward=True)
     with torch.no_grad():

@@ -88,7 +88,7 @@ def shifted_emission(factors: HopFactors, chunk, given_target: bool = True, dtyp
     shift 0 and every row ok."""
     real = chunk.full_mask()
     if not given_target:
-        dtype = factors.log_emission.dtype if dtype is None else dtype
+        dtype = factors.dtype if dtype is None else dtype
         return real.to(dtype), torch.zeros(len(chunk), dtype=dtype, device=real.device), torch.ones_like(real[:, 0])
     log_emission = factors.target_log_probs(chunk)
     shift = log_emission.masked_fill(~real, -math.inf).amax(-1)
@@ -184,7 +184,7 @@ def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: boo
     route = choose_route(factors, N, backward=True) if route is None else route
     if route == "symbols" and factors.score_tables is None:
         raise ValueError("route 'symbols' needs gate score tables; this gate has position terms")
-    device = factors.log_emission.device
+    device = factors.device
     extra = (factors.n_hops - 1) * N * N if pairwise else 0.0
     rows_per = rows_per_chunk(factors, N, route, budget, extra) if rows is None else rows
     with torch.no_grad():

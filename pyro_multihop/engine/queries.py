@@ -68,7 +68,7 @@ def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     (the autograd graph then holds every chunk's messages: ``O(n (L S + N))`` for the symbol route)."""
     n, N = len(obs), obs.context_len
     route = choose_route(factors, N)
-    device = factors.log_emission.device
+    device = factors.device
     rows = rows_per_chunk(factors, N, route, budget)
     # Concatenated, not written into a preallocated output, so that the result keeps every chunk's graph
     # whenever any input of the factors requires grad.
@@ -79,9 +79,9 @@ def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
 def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(n, T)`` predictive target distribution, the hop latents marginalised (targets of ``obs`` unused)."""
     n, N = len(obs), obs.context_len
-    S, T = factors.log_emission.shape
+    S, T = factors.num_symbols, factors.num_targets
     route = choose_route(factors, N)
-    device = factors.log_emission.device
+    device = factors.device
     # a position emission needs no (S, T) table (a head may hand an expanded stand-in: never exponentiate it whole)
     emission = None if factors.position_emission is not None else factors.log_emission.exp()
     # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
@@ -89,7 +89,7 @@ def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     # a position emission of every target: the head's (c, N, T) table, its logarithm and the mixture's product
     per_position = 4 * N * T if factors.position_emission is not None else 2 * N * T
     rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else per_position) + T)
-    out = factors.log_emission.new_empty(n, T)
+    out = torch.empty(n, T, dtype=factors.dtype, device=device)
     for part in row_slices(n, rows):
         out[part] = _predict_chunk(factors, device_chunk(obs, part, device), route, emission, by_symbol, budget)
     return out
@@ -124,9 +124,10 @@ def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = 
     log-likelihood is then 0)."""
     kept_rows, limit = 0, resolve_budget(budget)
     L, n, N = factors.n_hops, len(obs), obs.context_len
-    log_likelihood_out = factors.log_emission.new_empty(n)
-    marginals = factors.log_emission.new_empty(L, n, N)
-    pairs = factors.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
+    like = {"dtype": factors.dtype, "device": factors.device}
+    log_likelihood_out = torch.empty(n, **like)
+    marginals = torch.empty(L, n, N, **like)
+    pairs = torch.zeros(L - 1, n, N, N, **like) if pairwise else None
     for part in forward_backward_chunks(factors, obs, budget, pairwise=pairwise and L > 1, given_target=given_target):
         log_likelihood_out[part.rows] = part.log_likelihood
         marginals[:, part.rows] = part.hop_marginals
@@ -152,9 +153,13 @@ def pairwise_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
 
 
 def value_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
-    """``(L, n, S)``: the posterior probability that hop ``l`` attends a position whose value is ``s``."""
-    L, n, S = factors.n_hops, len(obs), factors.log_emission.shape[0]
-    out = factors.log_emission.new_zeros(L, n, S)
+    """``(L, n, S)``: the posterior probability that hop ``l`` attends a position whose value is ``s`` (factors that
+    read symbols only: observations with ``values``)."""
+    if not factors.reads_symbols:
+        raise ValueError("value_marginals needs factors that read value symbols; these emit from a position "
+                         "(position_emission), and their observations need not have values")
+    L, n, S = factors.n_hops, len(obs), factors.num_symbols
+    out = torch.zeros(L, n, S, dtype=factors.dtype, device=factors.device)
     for part in forward_backward_chunks(factors, obs, budget):
         values = part.obs.values.unsqueeze(0).expand(L, -1, -1)
         out[:, part.rows] = part.hop_marginals.new_zeros(L, len(part.obs), S).scatter_add_(2, values, part.hop_marginals)

@@ -97,7 +97,8 @@ def prepare(factors: HopFactors, chunk, route: str) -> PreparedChunk:
         chain = chain_from_scores(factors.score_tables, chunk)
     else:
         chain = factors.dense_chain(chunk)
-    transitions = PositionTransitions.from_chain(chain, chunk, factors.num_symbols)
+    keys, values = (chunk.keys, chunk.values) if factors.reads_symbols else (None, None)
+    transitions = PositionTransitions.from_chain(chain, keys, values, factors.num_symbols)
     return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
 
 

@@ -43,7 +43,7 @@ from ..distributions import CollapsedHopChain
 from ..gate_ops import log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from .base import (
-    HopAttentionHead,
+    KeyValueAttentionHead,
     attended_values,
     check_positive_int,
     check_sigma2,
@@ -94,7 +94,7 @@ def context_ranks(mask: Optional[torch.Tensor], n: int, N: int, device=None):
     return rank, mask.long().sum(-1, keepdim=True) - 1 - rank
 
 
-class ChainedAttention(HopAttentionHead):
+class ChainedAttention(KeyValueAttentionHead):
     """L-hop chained responsibility attention with exact (enumerated) hop latents.
 
     :param int n_hops: ``L``, the number of hops (1 = a single attention head).

@@ -429,15 +429,6 @@ class FactAttention(HopAttentionHead):
         matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
         return weights[..., :F], weights[..., F:2 * F], weights[..., 2 * F:], weights.sum(-1, keepdim=True), matches
 
-    @property
-    def log_emission(self) -> torch.Tensor:
-        """``(S, S)`` the first field's emission table (log-softmax), the engine's ``log_emission``: its shape,
-        dtype and device; targets come from :meth:`emission_log_probs` (``HopFactors.position_emission``). An
-        embedded head has no such table: zeros of that shape, one element expanded (nothing allocated)."""
-        if self.embed_dim is not None or self.answer_symbols is not None:
-            return self.compare_bias.new_zeros(()).expand(self.num_symbols, self.num_symbols)
-        return self.emission_tables[0].log_softmax(-1)
-
     def hop_factors(self) -> engine.HopFactors:
         """The dense factors and the per-fact emission as the engine takes them."""
         F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
@@ -458,24 +449,10 @@ class FactAttention(HopAttentionHead):
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
             position_target = functools.partial(self.target_log_probs, normalisers=self.field_normalisers())
-        return engine.HopFactors(self.log_emission, self.hop_chain, L, position_emission=self.emission_log_probs,
-                               extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
-                               position_target=position_target)
-
-    # -- queries that need the data class --------------------------------------------------------------------
-    def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
-        """``(n, S)`` predictive answer distribution, the hop latents marginalised (targets unused)."""
-        self.check_observations(obs)
-        return engine.predict_proba(self.hop_factors(), obs, budget)
-
-    def value_marginals(self, obs, *, budget: Optional[int] = None):
-        """Not defined: a fact has ``F`` symbols, not one value (use :meth:`hop_marginals` and ``obs.facts``)."""
-        raise TypeError("FactAttention has no value_marginals: a fact holds F symbols, not one value; "
-                        "combine hop_marginals(obs) with obs.facts instead")
-
-    def sample(self, n: int, context_len: int = 6, seed: Optional[int] = None):
-        """Not defined: facts, questions and their masks have no prior here (use ``fact_chain_task``)."""
-        raise TypeError("FactAttention.sample needs facts and questions: simulate them with fact_chain_task")
+        return engine.HopFactors(None, self.hop_chain, L, position_emission=self.emission_log_probs,
+                                 extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
+                                 position_target=position_target, num_symbols=S, num_targets=self.num_targets,
+                                 dtype=self.age_slopes.dtype, device=self.age_slopes.device)
 
     # -- Pyro models ---------------------------------------------------------------------------------------------
     @pyro_method
