@@ -12,7 +12,7 @@ from .log_space import chain_log_likelihood
 from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
 from .recursion import forward_messages, underflow_floor
 from .routes import PreparedChunk, choose_route, dense_retries, prepare
-from .symbol_likelihood import key_table_symbol_route_total, symbol_route_total, takes_key_tables
+from .symbol_likelihood import closed_form_total
 
 __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
            "value_marginals"]
@@ -30,20 +30,14 @@ def _log_likelihood_chunk(factors: HopFactors, chunk, route: str, budget=None) -
     """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows retried on the dense route
     (:func:`~.routes.dense_retries`), then recomputed in log space. On the
     symbol route with gradients, the total's gradient comes from the forward-backward messages
-    (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
-    directly, else from the score tables' transition weights."""
+    (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from the score tables' own closed
+    form where they carry one, else from their transition weights."""
     closed_form = (route == "symbols" and torch.is_grad_enabled() and factors.n_hops > 1
                    and factors.num_symbols >= CLOSED_FORM_MIN_SYMBOLS)
-    if closed_form and takes_key_tables(factors):
+    if closed_form:
         emission, shift, ok = shifted_emission(factors, chunk)
-        total, transitions_ok = key_table_symbol_route_total(factors, chunk, emission)
+        total, transitions_ok = closed_form_total(factors, chunk, emission)
         prepared = PreparedChunk(chunk, None, None, None)
-    elif closed_form:
-        weights = factors.transition_weights  # first: the first hop then reads the whole tables
-        init = first_hop_log_probs(factors.score_tables, chunk).exp()
-        emission, shift, ok = shifted_emission(factors, chunk)
-        total, transitions_ok = symbol_route_total(factors, chunk, init, emission, weights)
-        prepared = PreparedChunk(chunk, init, None, None)
     else:
         prepared = prepare(factors, chunk, route)
         alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]

@@ -42,6 +42,7 @@ from ..data import Observations
 from ..distributions import CollapsedHopChain
 from ..gate_ops import log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
+from .chained_key_tables import KeyTableScores
 from .base import (
     KeyValueAttentionHead,
     attended_values,
@@ -224,15 +225,15 @@ class ChainedAttention(KeyValueAttentionHead):
         :meth:`hop_chain`'s dense factors)."""
         if self.max_distance is not None:
             return None
-        return engine.KeyTableScores(self.key_tables, self.sigma2).dense()
+        return KeyTableScores(self.key_tables, self.sigma2).dense()
 
     def score_tables(self) -> Optional[engine.ScoreTables]:
-        """The engine's lazy view of :meth:`gate_score_tables` (:class:`~pyro_multihop.engine.KeyTableScores`): a
+        """The engine's lazy view of :meth:`gate_score_tables` (:class:`~.chained_key_tables.KeyTableScores`, with its closed form of the symbol route's likelihood): a
         query gathers the logits of its own (query, key) pairs from the key tables, and forms the whole
         ``(L, S, S)`` table only where it reads it all; None with ``max_distance``."""
         if self.max_distance is not None:
             return None
-        return engine.KeyTableScores(self.key_tables, self.sigma2)
+        return KeyTableScores(self.key_tables, self.sigma2)
 
     def _position_logits(self, age_slopes, offset_slopes, direction_logits, values, mask):
         """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age, offset and direction terms."""
