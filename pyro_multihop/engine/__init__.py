@@ -113,6 +113,5 @@ __all__ = [
 # release.
 # The chained head's score tables moved to its side (pyro_multihop.models.chained_key_tables), kept for one release.
 __getattr__ = deprecated_aliases(__name__, {"ChainPosterior": (__name__, "LogChunkPosterior"),
-                                            "HopGates": (__name__, "HopFactors"),
-                                            "KeyTableScores": ("pyro_multihop.models.chained_key_tables",
-                                                               "KeyTableScores")})
+                                            "HopGates": (__name__, "HopFactors")},
+                                 moved_modules=["pyro_multihop.models.chained_key_tables"])

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from .budget import device_chunk, resolve_budget, row_slices, rows_per_chunk
-from .hop_factors import HopFactors, first_hop_log_probs
-from .log_space import chain_log_likelihood
-from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
+from .hop_factors import HopFactors
+from .log_space import chain_log_likelihood, last_hop_prior
+from .posterior import forward_backward_chunks, shifted_emission
 from .recursion import forward_messages, underflow_floor
-from .routes import PreparedChunk, choose_route, dense_retries, prepare
+from .routes import PreparedChunk, choose_route, prepare, run_with_fallback
 from .symbol_likelihood import closed_form_total
 
 __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
@@ -27,11 +28,16 @@ CLOSED_FORM_MIN_SYMBOLS = 256
 
 
 def _log_likelihood_chunk(factors: HopFactors, chunk, route: str, budget=None) -> torch.Tensor:
-    """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows retried on the dense route
-    (:func:`~.routes.dense_retries`), then recomputed in log space. On the
-    symbol route with gradients, the total's gradient comes from the forward-backward messages
-    (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from the score tables' own closed
-    form where they carry one, else from their transition weights."""
+    """``(c,)`` exact log-likelihoods of a chunk, differentiable, through :func:`~.routes.run_with_fallback`."""
+    return run_with_fallback(factors, chunk, route, functools.partial(_log_likelihood_attempt, factors),
+                             _log_likelihood_in_log_space, budget)
+
+
+def _log_likelihood_attempt(factors: HopFactors, chunk, route: str):
+    """``(log-likelihoods (c,), ok (c,), prepared)`` in probability space. On the symbol route with gradients, the
+    total's gradient comes from the forward-backward messages (:mod:`.symbol_likelihood`) rather than from autograd
+    through the recursion: from the score tables' own closed form where they carry one, else from their transition
+    weights."""
     closed_form = (route == "symbols" and torch.is_grad_enabled() and factors.n_hops > 1
                    and factors.num_symbols >= CLOSED_FORM_MIN_SYMBOLS)
     if closed_form:
@@ -45,16 +51,11 @@ def _log_likelihood_chunk(factors: HopFactors, chunk, route: str, budget=None) -
         total, transitions_ok = (alpha * emission).sum(-1), prepared.transitions.ok
     floor = underflow_floor(total.dtype)
     ok = ok & transitions_ok & (total >= floor)
-    result = total.clamp_min(floor).log() + shift
-    if ok.all():
-        return result
-    bad = (~ok).nonzero().squeeze(-1)
-    retries = dense_retries(factors, prepared, bad, budget)
-    if retries:
-        retried = [_log_likelihood_chunk(factors, chunk[rows], "dense", budget) for rows in retries]
-        return result.index_put((bad,), torch.cat(retried))
-    _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-    return result.index_put((bad,), chain_log_likelihood(chain, log_emission))
+    return total.clamp_min(floor).log() + shift, ok, prepared
+
+
+def _log_likelihood_in_log_space(sub, chain, log_emission) -> torch.Tensor:
+    return chain_log_likelihood(chain, log_emission)
 
 
 def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
@@ -90,22 +91,26 @@ def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
 
 
 def _predict_chunk(factors: HopFactors, chunk, route: str, emission: torch.Tensor, by_symbol: bool, budget=None):
-    """``(c, T)``: :func:`predict_proba` of one chunk; rows whose transitions underflow retried on the dense route
-    (:func:`~.routes.dense_retries`), whose transitions never do."""
-    prepared = prepare(factors, chunk, route)
-    alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]  # (c, N) p(z_L = i)
+    """``(c, T)``: :func:`predict_proba` of one chunk, through :func:`~.routes.run_with_fallback`."""
+
+    def attempt(chunk, route):
+        prepared = prepare(factors, chunk, route)
+        alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]  # (c, N) p(z_L = i)
+        return _mixture(factors, chunk, alpha, emission, by_symbol), prepared.transitions.ok, prepared
+
+    def in_log_space(sub, chain, log_emission):
+        return _mixture(factors, sub, last_hop_prior(chain), emission, by_symbol)
+
+    return run_with_fallback(factors, chunk, route, attempt, in_log_space, budget)
+
+
+def _mixture(factors: HopFactors, chunk, alpha: torch.Tensor, emission: torch.Tensor, by_symbol: bool):
+    """``(c, T)``: the emission of each position mixed by ``alpha (c, N)``, ``p(z_L = i)``."""
     if factors.position_emission is not None:
-        out = torch.bmm(alpha.unsqueeze(-2), factors.position_emission(chunk).exp()).squeeze(-2)
-    elif by_symbol:
-        out = alpha.new_zeros(len(chunk), emission.shape[0]).scatter_add_(1, chunk.values, alpha) @ emission
-    else:
-        out = torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
-    ok = prepared.transitions.ok
-    if not ok.all():
-        bad = (~ok).nonzero().squeeze(-1)
-        for rows in dense_retries(factors, prepared, bad, budget):
-            out[rows] = _predict_chunk(factors, chunk[rows], "dense", emission, by_symbol, budget)
-    return out
+        return torch.bmm(alpha.unsqueeze(-2), factors.position_emission(chunk).exp()).squeeze(-2)
+    if by_symbol:
+        return alpha.new_zeros(len(chunk), emission.shape[0]).scatter_add_(1, chunk.values, alpha) @ emission
+    return torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
 
 
 def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = False, keep: Optional[list] = None,

@@ -29,9 +29,7 @@ from .moved_names import deprecated_aliases
 __all__ = ["ScoreTables", "DenseScoreTables", "as_score_tables"]
 
 # The chained head's key tables moved to its own side, pyro_multihop.models.chained_key_tables; kept here for one release.
-_KEY_TABLES = "pyro_multihop.models.chained_key_tables"
-__getattr__ = deprecated_aliases(__name__, {name: (_KEY_TABLES, name) for name in
-                                            ("KeyTableScores", "transition_weights_by_key", "key_gradient_")})
+__getattr__ = deprecated_aliases(__name__, {}, moved_modules=["pyro_multihop.models.chained_key_tables"])
 
 
 class ScoreTables:
