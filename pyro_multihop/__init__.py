@@ -29,6 +29,7 @@ _EXPORTS = {
     "set_memory_budget": ".engine",
     "memory_budget": ".engine",
     "HopAttentionHead": ".models",
+    "KeyValueAttentionHead": ".models",
     "ChainedAttention": ".models",
     "FactAttention": ".models",
     "fact_chain_truth": ".models",

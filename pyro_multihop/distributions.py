@@ -138,7 +138,7 @@ class CollapsedHopChain(TorchDistribution):
 
     @constraints.dependent_property(is_discrete=True, event_dim=0)
     def support(self):
-        return constraints.integer_interval(0, self.factors.log_emission.shape[-1] - 1)
+        return constraints.integer_interval(0, self.factors.num_targets - 1)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
@@ -206,20 +206,20 @@ class CollapsedHopChain(TorchDistribution):
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         """``sample_shape + batch_shape`` targets drawn from the predictive (one engine forward per gate)."""
-        probs = self.predictive_probs().expand(self.batch_shape + (self.factors.log_emission.shape[-1],))
+        probs = self.predictive_probs().expand(self.batch_shape + (self.factors.num_targets,))
         return torch.distributions.Categorical(probs=probs).sample(torch.Size(sample_shape))
 
     def enumerate_support(self, expand: bool = True) -> torch.Tensor:
         """``(T, *batch_shape)`` (or ``(T, 1, ..., 1)``): every target symbol. Its ``log_prob`` costs ``T``
         engine passes."""
-        values = torch.arange(self.factors.log_emission.shape[-1], device=self.context.keys.device)
+        values = torch.arange(self.factors.num_targets, device=self.context.keys.device)
         values = values.reshape((-1,) + (1,) * len(self.batch_shape))
         return values.expand((-1,) + self.batch_shape) if expand else values
 
 
 def _factors_batch_shape(factors) -> torch.Size:
     """``G``: the batch dims of the gate's tables (empty for an unbatched gate); checked (last dim 1)."""
-    emission_dims = factors.log_emission.shape[:-2]
+    emission_dims = torch.Size() if factors.log_emission is None else factors.log_emission.shape[:-2]
     score_dims = torch.Size() if factors.score_tables is None else factors.score_tables.batch_shape
     if factors.score_tables is None and emission_dims:
         raise ValueError(f"batched factors need score tables: log_emission has batch dims {tuple(emission_dims)} "

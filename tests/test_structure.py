@@ -255,3 +255,50 @@ def test_the_room_scanners_find_each_kind(synthetic):
     for name in ("t1.py", "t2.py", "sub/t3.py"):
         (synthetic / name).write_text("def random_obs():\n    pass\n\ndef test_x():\n    pass\n")
     assert repeated_test_helpers(synthetic) == {"random_obs": ["sub/t3.py", "t1.py", "t2.py"]}
+
+
+# -- an engine that knows no head (issue 33) ----------------------------------------------------------------------
+HEAD_NAMES = {"ChainedAttention", "FactAttention", "TiedEmbeddingAttention", "HopAttentionHead",
+              "KeyValueAttentionHead", "KeyTableScores", "FactObservations"}
+#: Names of one head's parameters or data: the engine reads tensors and the score-table protocol, not these.
+HEAD_FIELDS = {"key_tables", "sigma2", "facts", "embeddings"}
+#: Classes a type switch would test for: the protocol's implementations, the factors, the data classes.
+SWITCHED_TYPES = HEAD_NAMES | {"ScoreTables", "DenseScoreTables", "HopFactors", "Observations"}
+
+
+def head_switches(source: str) -> list:
+    """``(line, what)`` for each way ``source`` (a module) tells heads apart: a head's name anywhere (docstrings too),
+    a head's field or ``hasattr`` in code, ``isinstance`` or ``type(...)`` against a class of the protocol or the
+    data."""
+    import io
+    import tokenize
+
+    found = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NAME and token.string in HEAD_NAMES | HEAD_FIELDS | {"hasattr"}:
+            found.append((token.start[0], token.string))
+        elif token.type == tokenize.STRING:
+            found += [(token.start[0], name) for name in HEAD_NAMES if re.search(rf"\b{name}\b", token.string)]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "type"):
+            names = {n.id for arg in node.args[1:] for n in ast.walk(arg) if isinstance(n, ast.Name)}
+            if node.func.id == "type" or names & SWITCHED_TYPES:
+                found.append((node.lineno, node.func.id))
+    return found
+
+
+def test_head_switches_are_found_in_synthetic_sources():
+    assert head_switches("def f(x):\n    return hasattr(x, 'keys')\n") == [(2, "hasattr")]
+    assert head_switches("def f(t):\n    return isinstance(t, KeyTableScores)\n")[-1] == (2, "isinstance")
+    assert head_switches("def f(t):\n    return isinstance(t, (int, ScoreTables))\n") == [(2, "isinstance")]
+    assert head_switches("def f(t):\n    return type(t) is int\n") == [(2, "type")]
+    assert head_switches('"""For ChainedAttention only."""\n') == [(1, "ChainedAttention")]
+    assert head_switches("def f(t):\n    return t.sigma2\n") == [(2, "sigma2")]
+    assert head_switches("def f(t):\n    return isinstance(t, tuple)\n") == []
+
+
+def test_the_engine_knows_no_head():
+    """``pyro_multihop/engine/`` tells no head apart: a head hands it tensors and, optionally, its score tables' own
+    hook; aliases of moved names say where they went as strings of module paths, never a head's name."""
+    found = {path.name: head_switches(path.read_text()) for path in sorted((PACKAGE / "engine").glob("*.py"))}
+    assert {name: hits for name, hits in found.items() if hits} == {}

@@ -88,7 +88,7 @@ def bytes_per_row(route: str, L: int, N: int, S: int, itemsize: int, extra: floa
 def rows_per_chunk(factors: HopFactors, N: int, route: str, budget=None, extra: float = 0.0) -> int:
     """Rows of ``N`` positions per chunk of ``factors`` on ``route`` under the budget, with ``extra`` elements a row
     more."""
-    itemsize = factors.log_emission.element_size()
+    itemsize = factors.itemsize
     extra = extra + (0.0 if factors.extra_elements is None else factors.extra_elements(N))
     return rows_within_budget(bytes_per_row(route, factors.n_hops, N, factors.num_symbols, itemsize, extra), budget)
 
@@ -111,7 +111,7 @@ def dense_chunks(factors: HopFactors, obs, budget, extra: float = 0.0):
     log factors (:class:`~.log_space.HopChain`) and ``log_emission`` ``(c, N)`` the target's log-probability at
     each position."""
     n, N = len(obs), obs.context_len
-    device = factors.log_emission.device
+    device = factors.device
     with torch.no_grad():
         for part in row_slices(n, rows_per_chunk(factors, N, "positions", budget, extra)):
             chunk = device_chunk(obs, part, device)

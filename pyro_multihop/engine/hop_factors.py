@@ -17,7 +17,11 @@ __all__ = ["HopFactors", "chain_from_scores", "first_hop_log_probs"]
 class HopFactors:
     """A head's factors of the hop chain, as the engine needs them: every hop's gate and the emission.
 
-    :ivar log_emission: ``(S, T)`` normalised log emission table.
+    :ivar log_emission: ``(S, T)`` normalised log emission table over value symbols, or None when the head
+        emits from a position (``position_emission``).
+    :ivar num_symbols: ``S``. :ivar num_targets: ``T``. :ivar dtype: the factors' floating-point dtype.
+    :ivar device: where the engine moves each chunk. All four are read from ``log_emission`` when it is given
+        (then a stated value must agree), and must be stated without it.
     :ivar dense_chain: ``observations -> HopChain``, the dense log factors of a chunk (``init (c, N)``,
         ``trans (L - 1, c, N, N)``).
     :ivar n_hops: ``L``.
@@ -25,12 +29,14 @@ class HopFactors:
         unnormalised logit of hop ``l + 1`` when its query symbol ``q`` meets key symbol ``k``, read lazily
         (gathered at a chunk's pairs, or exponentiated whole). None when the gate depends on more than the two
         symbols (then only the dense log factors are available). The constructor's ``scores`` takes a tensor
-        (wrapped in :class:`~.score_tables.DenseScoreTables`) or a :class:`~.score_tables.ScoreTables`.
+        (wrapped in :class:`~.score_tables.DenseScoreTables`) or a :class:`~.score_tables.ScoreTables` (a head's
+        own, with its own reads and, optionally, its own closed form of the symbol route's likelihood:
+        :attr:`~.score_tables.ScoreTables.symbol_route_total`).
     :ivar scores: the whole ``(L, S, S)`` table (formed on first read), or None.
     :ivar position_emission: None (the target is emitted from the last attended value through
         ``log_emission``), or ``chunk -> (c, N, T)`` normalised log-probabilities of every target given
         that the last hop attends position ``i``: an emission that reads more of a position than its value
-        (the structured-facts head's copy emission). With it, ``scores`` must be None.
+        (a structured-facts emission). With it, ``scores`` must be None.
     :ivar position_target: None, or ``chunk -> (c, N)``: ``position_emission``'s entry of each row's target
         alone, when the head computes it for less than the ``(c, N, T)`` table.
     :ivar extra_elements: None, or ``N -> elements``: working memory per row, in elements, that the head's
@@ -38,16 +44,36 @@ class HopFactors:
 
     The observations the engine is given need only ``len()``, ``context_len``, ``obs[slice or LongTensor]``,
     ``to(device)``, ``device``, ``mask``, ``full_mask()`` and ``target``; ``keys``, ``values`` and ``query``
-    are read only on the paths that use ``scores`` or ``log_emission`` (the symbol tables).
+    are read only where the factors read symbols (:attr:`reads_symbols`: ``log_emission`` and ``scores``).
     """
 
-    def __init__(self, log_emission: torch.Tensor, dense_chain: Callable[[object], HopChain], n_hops: int,
+    def __init__(self, log_emission: Optional[torch.Tensor], dense_chain: Callable[[object], HopChain], n_hops: int,
                  scores=None,
                  position_emission: Optional[Callable[[object], torch.Tensor]] = None,
                  extra_elements: Optional[Callable[[int], float]] = None,
-                 position_target: Optional[Callable[[object], torch.Tensor]] = None):
+                 position_target: Optional[Callable[[object], torch.Tensor]] = None, *,
+                 num_symbols: Optional[int] = None, num_targets: Optional[int] = None,
+                 dtype: Optional[torch.dtype] = None, device=None):
         if position_emission is not None and scores is not None:
             raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
+        if log_emission is None and position_emission is None:
+            raise ValueError("log_emission is None but there is no position_emission: the factors need an emission")
+        stated = {"num_symbols": num_symbols, "num_targets": num_targets, "dtype": dtype,
+                  "device": None if device is None else torch.device(device)}
+        if log_emission is not None:
+            if log_emission.dim() < 2:
+                raise ValueError(f"log_emission must be (S, T), got shape {tuple(log_emission.shape)}")
+            table = {"num_symbols": log_emission.shape[-2], "num_targets": log_emission.shape[-1],
+                     "dtype": log_emission.dtype, "device": log_emission.device}
+            for name, value in stated.items():
+                if value is not None and value != table[name]:
+                    raise ValueError(f"{name} = {value} disagrees with log_emission's {table[name]}")
+            stated = table
+        missing = [name for name, value in stated.items() if value is None]
+        if missing:
+            raise ValueError(f"without log_emission the factors must state {', '.join(missing)}")
+        self.num_symbols, self.num_targets = int(stated["num_symbols"]), int(stated["num_targets"])
+        self.dtype, self.device = stated["dtype"], stated["device"]
         self.log_emission = log_emission
         self.dense_chain = dense_chain
         self.n_hops = n_hops
@@ -57,17 +83,27 @@ class HopFactors:
         self.position_target = position_target
 
     def replace(self, **changes) -> "HopFactors":
-        """A copy with some fields changed."""
+        """A copy with some fields changed (the stated sizes, dtype and device are read again from a new
+        ``log_emission``)."""
         fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
                   "scores": self.score_tables, "position_emission": self.position_emission,
                   "extra_elements": self.extra_elements, "position_target": self.position_target}
+        if changes.get("log_emission", self.log_emission) is None:
+            fields.update(num_symbols=self.num_symbols, num_targets=self.num_targets, dtype=self.dtype,
+                          device=self.device)
         fields.update(changes)
         return HopFactors(**fields)
 
     @property
-    def num_symbols(self) -> int:
-        """``S``, the rows of the emission table."""
-        return self.log_emission.shape[0]
+    def reads_symbols(self) -> bool:
+        """Whether the engine reads the observations' ``keys`` and ``values`` (an emission table over value
+        symbols; False for a ``position_emission``)."""
+        return self.position_emission is None
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element of :attr:`dtype`."""
+        return torch.finfo(self.dtype).bits // 8
 
     def target_log_probs(self, chunk) -> torch.Tensor:
         """``(c, N)``: ``log p(target_c | z_L = i)`` at every position of a chunk."""

@@ -47,7 +47,7 @@ class HopPosterior:
             row_elements = 3 * N + (L - 1) * factors.num_symbols + 2
         else:  # the (c, N, N) weights a transition (and the dense log factors they may come from), 1 / R, init
             row_elements = 2 * (L - 1) * N * N + (L + 3) * N + 2
-        row_bytes = row_elements * factors.log_emission.element_size()
+        row_bytes = row_elements * factors.itemsize
         self.log_likelihood, self.hop_marginals, self.pairwise_marginals = posterior_marginals(
             factors, obs, budget, pairwise=pairwise, keep=self._prepared, kept_bytes_per_row=row_bytes)
         self._k_best = {}

@@ -22,9 +22,9 @@ from .log_space import (
     draw_by_inverse_cdf,
 )
 from .moved_names import deprecated_aliases
-from .posterior import posterior_chunk, rows_in_log_space, shifted_emission
+from .posterior import posterior_chunk, shifted_emission
 from .recursion import forward_messages, recurse, underflow_floor
-from .routes import choose_route, dense_retries, prepare
+from .routes import choose_route, prepare, run_with_fallback
 from .transitions import PositionTransitions
 
 __all__ = ["map_paths", "sample_paths", "path_entropy", "k_best_paths"]
@@ -36,7 +36,7 @@ __getattr__ = deprecated_aliases(__name__, {"HopPosterior": ("pyro_multihop.engi
 
 def _chunks(factors: HopFactors, obs, route: str, budget, extra: float = 0.0):
     n, N = len(obs), obs.context_len
-    device = factors.log_emission.device
+    device = factors.device
     for part in row_slices(n, rows_per_chunk(factors, N, route, budget, extra)):
         yield part, device_chunk(obs, part, device)
 
@@ -61,9 +61,24 @@ def _rescaled(step, floor: float):
 # -- MAP --------------------------------------------------------------------------------------------------------
 def _map_chunk(factors: HopFactors, chunk, route: str, given_target: bool, prepared=None, emission=None,
                budget=None) -> torch.Tensor:
-    """The MAP paths of a chunk; ``prepared`` and ``emission`` (``shifted_emission``'s triple) when a
-    forward-backward pass on the same route already formed them. Rows that underflow are retried on the dense
-    route (:func:`~.routes.dense_retries`), then recomputed in log space."""
+    """The MAP paths ``(c, L)`` of a chunk, through :func:`~.routes.run_with_fallback`; ``prepared`` and
+    ``emission`` (``shifted_emission``'s triple) when a forward-backward pass on the same route already formed
+    them (for the chunk itself, not its retries)."""
+    kept = {"prepared": prepared, "emission": emission}
+
+    def attempt(chunk, route):
+        given = kept.copy()
+        kept.update(prepared=None, emission=None)
+        return _map_attempt(factors, chunk, route, given_target, **given)
+
+    def in_log_space(sub, chain, log_emission):
+        return chain_map_paths(chain, _log_space_emission(log_emission, given_target))
+
+    return run_with_fallback(factors, chunk, route, attempt, in_log_space, budget)
+
+
+def _map_attempt(factors: HopFactors, chunk, route: str, given_target: bool, prepared=None, emission=None):
+    """``(paths (c, L), ok (c,), prepared)`` by max-product with rescaling in probability space."""
     prepared = prepare(factors, chunk, route) if prepared is None else prepared
     transitions = prepared.transitions
     if emission is None or not given_target:
@@ -79,16 +94,7 @@ def _map_chunk(factors: HopFactors, chunk, route: str, given_target: bool, prepa
         # The best predecessor of the decoded position alone (ties to the lowest index).
         weights = transitions.reverse_weights(hop, messages[hop], path[0].unsqueeze(-1))  # (c, 1, N)
         path.insert(0, weights.squeeze(-2).argmax(-1))
-    paths = torch.stack(path, dim=-1)
-    if not ok.all():
-        bad = (~ok).nonzero().squeeze(-1)
-        retries = dense_retries(factors, prepared, bad, budget)
-        for rows in retries:
-            paths[rows] = _map_chunk(factors, chunk[rows], "dense", given_target, budget=budget)
-        if not retries:
-            _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-            paths[bad] = chain_map_paths(chain, _log_space_emission(log_emission, given_target))
-    return paths
+    return torch.stack(path, dim=-1), ok, prepared
 
 
 def map_paths(factors: HopFactors, obs, budget=None, given_target: bool = True, kept=()) -> torch.Tensor:
@@ -99,7 +105,7 @@ def map_paths(factors: HopFactors, obs, budget=None, given_target: bool = True, 
         slices from 0, ``prepared`` a :class:`~.routes.PreparedChunk` on the max-product's route, ``emission``
         its :func:`~.posterior.shifted_emission` triple), as a forward-backward pass kept them
         (:func:`~.queries.posterior_marginals`' ``keep``): decoded without preparing them again."""
-    out = torch.empty(len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
+    out = torch.empty(len(obs), factors.n_hops, dtype=torch.long, device=factors.device)
     route = choose_route(factors, obs.context_len, max_product=True)
     done = 0
     with torch.no_grad():
@@ -271,6 +277,17 @@ def _k_best_candidates(transitions, init, emission, n_hops: int, k: int, cap: in
 
 
 def _k_best_chunk(factors: HopFactors, chunk, route: str, k: int, budget, given_target: bool = True):
+    """``(paths (c, k, L), log_probs (c, k))`` of a chunk, through :func:`~.routes.run_with_fallback`."""
+
+    def in_log_space(sub, chain, log_emission):
+        return chain_k_best(chain, _log_space_emission(log_emission, given_target), k)
+
+    attempt = functools.partial(_k_best_attempt, factors, k=k, budget=budget, given_target=given_target)
+    return run_with_fallback(factors, chunk, route, attempt, in_log_space, budget)
+
+
+def _k_best_attempt(factors: HopFactors, chunk, route: str, k: int, budget, given_target: bool = True):
+    """``((paths (c, k, L), log_probs (c, k)), ok (c,), prepared)`` by the k-max product in probability space."""
     L, N = factors.n_hops, chunk.context_len
     prepared = prepare(factors, chunk, route)
     transitions = prepared.transitions
@@ -343,15 +360,7 @@ def _k_best_chunk(factors: HopFactors, chunk, route: str, k: int, budget, given_
         c = len(chunk)
         log_probs = torch.cat([log_probs, log_probs.new_full((c, k - values.shape[-1]), -math.inf)], dim=-1)
         paths = torch.cat([paths, paths.new_zeros(c, k - values.shape[-1], L)], dim=-2)
-    if not ok.all():
-        bad = (~ok).nonzero().squeeze(-1)
-        retries = dense_retries(factors, prepared, bad, budget)
-        for rows in retries:
-            paths[rows], log_probs[rows] = _k_best_chunk(factors, chunk[rows], "dense", k, budget, given_target)
-        if not retries:
-            _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-            paths[bad], log_probs[bad] = chain_k_best(chain, _log_space_emission(log_emission, given_target), k)
-    return paths, log_probs
+    return (paths, log_probs), ok, prepared
 
 
 def _kmax(transitions, message, hop, k):
@@ -365,9 +374,9 @@ def k_best_paths(factors: HopFactors, obs, k: int, budget=None, given_target: bo
     seen), with their prior log-probabilities."""
     check_positive_int("k", k)
     n, L, N = len(obs), factors.n_hops, obs.context_len
-    device = factors.log_emission.device
+    device = factors.device
     paths = torch.zeros(n, k, L, dtype=torch.long, device=device)
-    log_probs = factors.log_emission.new_empty(n, k)
+    log_probs = torch.empty(n, k, dtype=factors.dtype, device=device)
     route = choose_route(factors, N, max_product=True)
     # The max-marginals and the candidates' paths; rows that are not pruned run in smaller slices.
     extra = 4 * ENUMERATED_PATHS + 4 * (L + 1) * N
@@ -380,7 +389,22 @@ def k_best_paths(factors: HopFactors, obs, k: int, budget=None, given_target: bo
 # -- sampling ----------------------------------------------------------------------------------------------------
 def _sample_chunk(factors: HopFactors, chunk, route: str, num_samples: int, generator, budget=None,
                   given_target: bool = True):
-    """``(num_samples, c, L)`` by forward filtering, backward sampling in probability space::
+    """``(c, num_samples, L)`` posterior paths of a chunk, through :func:`~.routes.run_with_fallback`."""
+
+    def attempt(chunk, route):
+        return _sample_attempt(factors, chunk, route, num_samples, generator, given_target)
+
+    def in_log_space(sub, chain, log_emission):
+        return chain_sample_posterior(chain, _log_space_emission(log_emission, given_target), num_samples,
+                                      generator).transpose(0, 1)
+
+    return run_with_fallback(factors, chunk, route, attempt, in_log_space, budget,
+                             extra=3 * num_samples * chunk.context_len)
+
+
+def _sample_attempt(factors: HopFactors, chunk, route: str, num_samples: int, generator, given_target: bool):
+    """``(paths (c, num_samples, L), ok (c,), prepared)`` by forward filtering, backward sampling in probability
+    space::
 
         z_L ~ alpha_L(z_L) p(target | z_L),    z_l | z_{l+1} = j  ~  alpha_l(z_l) P_l[z_l, j]
 
@@ -401,17 +425,7 @@ def _sample_chunk(factors: HopFactors, chunk, route: str, num_samples: int, gene
         position = draw_by_inverse_cdf(weights, 1, generator, in_place=True).squeeze(-1)
         ok &= (weights[..., -1] >= floor).all(-1)  # the row totals, the CDF's last entries
         path.insert(0, position)
-    paths = torch.stack(path, dim=-1).transpose(0, 1)  # (s, c, L)
-    if not ok.all():
-        bad = (~ok).nonzero().squeeze(-1)
-        retries = dense_retries(factors, prepared, bad, budget, extra=3 * num_samples * chunk.context_len)
-        for rows in retries:
-            paths[:, rows] = _sample_chunk(factors, chunk[rows], "dense", num_samples, generator, budget, given_target)
-        if not retries:
-            _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-            paths[:, bad] = chain_sample_posterior(chain, _log_space_emission(log_emission, given_target), num_samples,
-                                                   generator)
-    return paths
+    return torch.stack(path, dim=-1), ok, prepared  # (c, s, L)
 
 
 def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, budget=None,
@@ -419,11 +433,12 @@ def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, bud
     """``(num_samples, n, L)`` hop paths drawn from the posterior given the target (forward filtering,
     backward sampling); with ``given_target=False``, from the prior chain (the paths before the target is seen)."""
     check_positive_int("num_samples", num_samples)
-    out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.log_emission.device)
+    out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.device)
     route = choose_route(factors, obs.context_len)
     with torch.no_grad():
         for part, chunk in _chunks(factors, obs, route, budget, extra=3 * num_samples * obs.context_len):
-            out[:, part] = _sample_chunk(factors, chunk, route, num_samples, generator, budget, given_target)
+            paths = _sample_chunk(factors, chunk, route, num_samples, generator, budget, given_target)
+            out[:, part] = paths.transpose(0, 1)
     return out
 
 
@@ -436,7 +451,7 @@ def path_entropy(factors: HopFactors, obs, budget=None, given_target: bool = Tru
 
         H(z_1..z_L | target) = H(z_L | target) + sum_{l<L} E_{z_{l+1} | target} H(z_l | z_{l+1})
     """
-    out = factors.log_emission.new_empty(len(obs))
+    out = torch.empty(len(obs), dtype=factors.dtype, device=factors.device)
     N = obs.context_len
     route = choose_route(factors, N, backward=True)
     with torch.no_grad():

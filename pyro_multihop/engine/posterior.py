@@ -19,9 +19,9 @@ import torch
 
 from .budget import device_chunk, row_slices, rows_per_chunk
 from .hop_factors import HopFactors
-from .log_space import HopChain, chain_posterior
+from .log_space import chain_posterior
 from .recursion import backward_messages, forward_messages, underflow_floor
-from .routes import PreparedChunk, choose_route, dense_retries, prepare
+from .routes import PreparedChunk, choose_route, prepare, rows_in_log_space, run_with_fallback
 from .transitions import Transitions, key_statistics_from_pairwise
 
 __all__ = ["ChunkPosterior", "forward_backward_chunks", "posterior_chunk", "shifted_emission", "rows_in_log_space"]
@@ -88,7 +88,7 @@ def shifted_emission(factors: HopFactors, chunk, given_target: bool = True, dtyp
     shift 0 and every row ok."""
     real = chunk.full_mask()
     if not given_target:
-        dtype = factors.log_emission.dtype if dtype is None else dtype
+        dtype = factors.dtype if dtype is None else dtype
         return real.to(dtype), torch.zeros(len(chunk), dtype=dtype, device=real.device), torch.ones_like(real[:, 0])
     log_emission = factors.target_log_probs(chunk)
     shift = log_emission.masked_fill(~real, -math.inf).amax(-1)
@@ -98,25 +98,31 @@ def shifted_emission(factors: HopFactors, chunk, given_target: bool = True, dtyp
     return emission, shift, finite
 
 
-def rows_in_log_space(factors: HopFactors, prepared: PreparedChunk, rows: torch.Tensor):
-    """``(sub-chunk, its dense log factors, its (c', N) log emission)`` for the ``rows`` of a chunk that the
-    probability-space route could not compute (the dense factors are reused when the route built them)."""
-    sub = prepared.obs[rows]
-    if prepared.chain is None:
-        chain = factors.dense_chain(sub)
-    else:
-        chain = HopChain(prepared.chain.init[rows], prepared.chain.trans[:, rows])
-    return sub, chain, factors.target_log_probs(sub)
-
-
 def posterior_chunk(factors: HopFactors, chunk, route: str, pairwise: bool = False, given_target: bool = True,
                     budget=None) -> List[ChunkPosterior]:
     """Forward-backward of one chunk: a list of :class:`ChunkPosterior` covering its rows once (row indices
     relative to the chunk). The first holds the rows computed in probability space on ``route`` (with the whole
-    chunk's ``prepared`` and ``emission``); the rows that underflow there follow, retried on the ``"dense"`` route
-    (:func:`~.routes.dense_retries`), and the rows that underflow on their dense factors too come last, in
-    log space (route ``"log"``). With ``given_target=False`` the emission is 1 everywhere (the posterior is the
-    prior chain)."""
+    chunk's ``prepared`` and ``emission``); the rows that underflow there follow, retried on the ``"dense"`` route,
+    and the rows that underflow on their dense factors too come last, in log space (route ``"log"``): the fallback
+    of :func:`~.routes.run_with_fallback`. With ``given_target=False`` the emission is 1 everywhere (the posterior is
+    the prior chain)."""
+    extra = (factors.n_hops - 1) * chunk.context_len**2 if pairwise else 0.0
+
+    def attempt(chunk, route):
+        return _posterior_attempt(factors, chunk, route, pairwise, given_target)
+
+    def in_log_space(sub, chain, log_emission):
+        exact = chain_posterior(chain, log_emission if given_target else torch.zeros_like(log_emission))
+        rows = torch.arange(len(sub), device=log_emission.device)
+        return [ChunkPosterior(rows, sub, exact.log_likelihood, "log", pairwise=exact.pairwise_marginals,
+                               hop_marginals=exact.hop_marginals)]
+
+    return run_with_fallback(factors, chunk, route, attempt, in_log_space, budget, extra, combine=_pieces)
+
+
+def _posterior_attempt(factors: HopFactors, chunk, route: str, pairwise: bool, given_target: bool):
+    """``(main, ok (c,), prepared)``: the chunk's forward-backward in probability space on ``route``, ``main`` a
+    :class:`ChunkPosterior` of its ``ok`` rows (every row when all are)."""
     L = factors.n_hops
     prepared = prepare(factors, chunk, route)
     alphas = forward_messages(prepared.transitions, prepared.init, L)
@@ -144,26 +150,18 @@ def posterior_chunk(factors: HopFactors, chunk, route: str, pairwise: bool = Fal
     main = ChunkPosterior(slice(None) if good is None else good, chunk if good is None else chunk[good],
                           totals[-1].log() + keep(shift), route, alphas, betas, totals, transitions, pair,
                           prepared=prepared, emission=(emission, shift, ok_emission) if given_target else None)
-    if good is None:
-        return [main]
-    bad = (~ok).nonzero().squeeze(-1)
-    pairwise_elements = (L - 1) * chunk.context_len**2 if pairwise else 0.0
-    retries = dense_retries(factors, prepared, bad, budget, extra=pairwise_elements)
-    if retries:
-        pieces = [main]
-        for rows in retries:
-            for piece in posterior_chunk(factors, chunk[rows], "dense", pairwise, given_target, budget):
-                # rows of this chunk; a retry's prepared sub-chunk is not the chunk's, and is not kept for later reads
-                piece.rows, piece.prepared, piece.emission = rows[piece.rows], None, None
-                pieces.append(piece)
-        return pieces
-    sub, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-    if not given_target:
-        log_emission = torch.zeros_like(log_emission)
-    exact = chain_posterior(chain, log_emission)
-    fallback = ChunkPosterior(bad, sub, exact.log_likelihood, "log", pairwise=exact.pairwise_marginals,
-                              hop_marginals=exact.hop_marginals)
-    return [main, fallback]
+    return main, ok, prepared
+
+
+def _pieces(main: ChunkPosterior, ok: torch.Tensor, parts: list) -> List[ChunkPosterior]:
+    """The ``combine`` of :func:`posterior_chunk`: ``main`` and the retried parts' pieces, their rows those of the
+    chunk; a retry's prepared sub-chunk is not the chunk's, and is not kept for later reads."""
+    pieces = [main]
+    for rows, part in parts:
+        for piece in part:
+            piece.rows, piece.prepared, piece.emission = rows[piece.rows], None, None
+            pieces.append(piece)
+    return pieces
 
 
 def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: bool = False, route=None,
@@ -184,7 +182,7 @@ def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: boo
     route = choose_route(factors, N, backward=True) if route is None else route
     if route == "symbols" and factors.score_tables is None:
         raise ValueError("route 'symbols' needs gate score tables; this gate has position terms")
-    device = factors.log_emission.device
+    device = factors.device
     extra = (factors.n_hops - 1) * N * N if pairwise else 0.0
     rows_per = rows_per_chunk(factors, N, route, budget, extra) if rows is None else rows
     with torch.no_grad():

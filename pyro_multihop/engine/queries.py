@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from .budget import device_chunk, resolve_budget, row_slices, rows_per_chunk
-from .hop_factors import HopFactors, first_hop_log_probs
-from .log_space import chain_log_likelihood
-from .posterior import forward_backward_chunks, rows_in_log_space, shifted_emission
+from .hop_factors import HopFactors
+from .log_space import chain_log_likelihood, last_hop_prior
+from .posterior import forward_backward_chunks, shifted_emission
 from .recursion import forward_messages, underflow_floor
-from .routes import PreparedChunk, choose_route, dense_retries, prepare
-from .symbol_likelihood import key_table_symbol_route_total, symbol_route_total, takes_key_tables
+from .routes import PreparedChunk, choose_route, prepare, run_with_fallback
+from .symbol_likelihood import closed_form_total
 
 __all__ = ["log_likelihood", "predict_proba", "posterior_marginals", "hop_marginals", "pairwise_marginals",
            "value_marginals"]
@@ -27,23 +28,22 @@ CLOSED_FORM_MIN_SYMBOLS = 256
 
 
 def _log_likelihood_chunk(factors: HopFactors, chunk, route: str, budget=None) -> torch.Tensor:
-    """``(c,)`` exact log-likelihoods of a chunk, differentiable; failing rows retried on the dense route
-    (:func:`~.routes.dense_retries`), then recomputed in log space. On the
-    symbol route with gradients, the total's gradient comes from the forward-backward messages
-    (:mod:`.symbol_likelihood`) rather than from autograd through the recursion: from a chained head's key tables
-    directly, else from the score tables' transition weights."""
+    """``(c,)`` exact log-likelihoods of a chunk, differentiable, through :func:`~.routes.run_with_fallback`."""
+    return run_with_fallback(factors, chunk, route, functools.partial(_log_likelihood_attempt, factors),
+                             _log_likelihood_in_log_space, budget)
+
+
+def _log_likelihood_attempt(factors: HopFactors, chunk, route: str):
+    """``(log-likelihoods (c,), ok (c,), prepared)`` in probability space. On the symbol route with gradients, the
+    total's gradient comes from the forward-backward messages (:mod:`.symbol_likelihood`) rather than from autograd
+    through the recursion: from the score tables' own closed form where they carry one, else from their transition
+    weights."""
     closed_form = (route == "symbols" and torch.is_grad_enabled() and factors.n_hops > 1
                    and factors.num_symbols >= CLOSED_FORM_MIN_SYMBOLS)
-    if closed_form and takes_key_tables(factors):
+    if closed_form:
         emission, shift, ok = shifted_emission(factors, chunk)
-        total, transitions_ok = key_table_symbol_route_total(factors, chunk, emission)
+        total, transitions_ok = closed_form_total(factors, chunk, emission)
         prepared = PreparedChunk(chunk, None, None, None)
-    elif closed_form:
-        weights = factors.transition_weights  # first: the first hop then reads the whole tables
-        init = first_hop_log_probs(factors.score_tables, chunk).exp()
-        emission, shift, ok = shifted_emission(factors, chunk)
-        total, transitions_ok = symbol_route_total(factors, chunk, init, emission, weights)
-        prepared = PreparedChunk(chunk, init, None, None)
     else:
         prepared = prepare(factors, chunk, route)
         alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]
@@ -51,16 +51,11 @@ def _log_likelihood_chunk(factors: HopFactors, chunk, route: str, budget=None) -
         total, transitions_ok = (alpha * emission).sum(-1), prepared.transitions.ok
     floor = underflow_floor(total.dtype)
     ok = ok & transitions_ok & (total >= floor)
-    result = total.clamp_min(floor).log() + shift
-    if ok.all():
-        return result
-    bad = (~ok).nonzero().squeeze(-1)
-    retries = dense_retries(factors, prepared, bad, budget)
-    if retries:
-        retried = [_log_likelihood_chunk(factors, chunk[rows], "dense", budget) for rows in retries]
-        return result.index_put((bad,), torch.cat(retried))
-    _, chain, log_emission = rows_in_log_space(factors, prepared, bad)
-    return result.index_put((bad,), chain_log_likelihood(chain, log_emission))
+    return total.clamp_min(floor).log() + shift, ok, prepared
+
+
+def _log_likelihood_in_log_space(sub, chain, log_emission) -> torch.Tensor:
+    return chain_log_likelihood(chain, log_emission)
 
 
 def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
@@ -68,7 +63,7 @@ def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     (the autograd graph then holds every chunk's messages: ``O(n (L S + N))`` for the symbol route)."""
     n, N = len(obs), obs.context_len
     route = choose_route(factors, N)
-    device = factors.log_emission.device
+    device = factors.device
     rows = rows_per_chunk(factors, N, route, budget)
     # Concatenated, not written into a preallocated output, so that the result keeps every chunk's graph
     # whenever any input of the factors requires grad.
@@ -79,9 +74,9 @@ def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
 def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(n, T)`` predictive target distribution, the hop latents marginalised (targets of ``obs`` unused)."""
     n, N = len(obs), obs.context_len
-    S, T = factors.log_emission.shape
+    S, T = factors.num_symbols, factors.num_targets
     route = choose_route(factors, N)
-    device = factors.log_emission.device
+    device = factors.device
     # a position emission needs no (S, T) table (a head may hand an expanded stand-in: never exponentiate it whole)
     emission = None if factors.position_emission is not None else factors.log_emission.exp()
     # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
@@ -89,29 +84,33 @@ def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     # a position emission of every target: the head's (c, N, T) table, its logarithm and the mixture's product
     per_position = 4 * N * T if factors.position_emission is not None else 2 * N * T
     rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else per_position) + T)
-    out = factors.log_emission.new_empty(n, T)
+    out = torch.empty(n, T, dtype=factors.dtype, device=device)
     for part in row_slices(n, rows):
         out[part] = _predict_chunk(factors, device_chunk(obs, part, device), route, emission, by_symbol, budget)
     return out
 
 
 def _predict_chunk(factors: HopFactors, chunk, route: str, emission: torch.Tensor, by_symbol: bool, budget=None):
-    """``(c, T)``: :func:`predict_proba` of one chunk; rows whose transitions underflow retried on the dense route
-    (:func:`~.routes.dense_retries`), whose transitions never do."""
-    prepared = prepare(factors, chunk, route)
-    alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]  # (c, N) p(z_L = i)
+    """``(c, T)``: :func:`predict_proba` of one chunk, through :func:`~.routes.run_with_fallback`."""
+
+    def attempt(chunk, route):
+        prepared = prepare(factors, chunk, route)
+        alpha = forward_messages(prepared.transitions, prepared.init, factors.n_hops)[-1]  # (c, N) p(z_L = i)
+        return _mixture(factors, chunk, alpha, emission, by_symbol), prepared.transitions.ok, prepared
+
+    def in_log_space(sub, chain, log_emission):
+        return _mixture(factors, sub, last_hop_prior(chain), emission, by_symbol)
+
+    return run_with_fallback(factors, chunk, route, attempt, in_log_space, budget)
+
+
+def _mixture(factors: HopFactors, chunk, alpha: torch.Tensor, emission: torch.Tensor, by_symbol: bool):
+    """``(c, T)``: the emission of each position mixed by ``alpha (c, N)``, ``p(z_L = i)``."""
     if factors.position_emission is not None:
-        out = torch.bmm(alpha.unsqueeze(-2), factors.position_emission(chunk).exp()).squeeze(-2)
-    elif by_symbol:
-        out = alpha.new_zeros(len(chunk), emission.shape[0]).scatter_add_(1, chunk.values, alpha) @ emission
-    else:
-        out = torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
-    ok = prepared.transitions.ok
-    if not ok.all():
-        bad = (~ok).nonzero().squeeze(-1)
-        for rows in dense_retries(factors, prepared, bad, budget):
-            out[rows] = _predict_chunk(factors, chunk[rows], "dense", emission, by_symbol, budget)
-    return out
+        return torch.bmm(alpha.unsqueeze(-2), factors.position_emission(chunk).exp()).squeeze(-2)
+    if by_symbol:
+        return alpha.new_zeros(len(chunk), emission.shape[0]).scatter_add_(1, chunk.values, alpha) @ emission
+    return torch.bmm(alpha.unsqueeze(-2), emission[chunk.values]).squeeze(-2)
 
 
 def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = False, keep: Optional[list] = None,
@@ -124,9 +123,10 @@ def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = 
     log-likelihood is then 0)."""
     kept_rows, limit = 0, resolve_budget(budget)
     L, n, N = factors.n_hops, len(obs), obs.context_len
-    log_likelihood_out = factors.log_emission.new_empty(n)
-    marginals = factors.log_emission.new_empty(L, n, N)
-    pairs = factors.log_emission.new_zeros(L - 1, n, N, N) if pairwise else None
+    like = {"dtype": factors.dtype, "device": factors.device}
+    log_likelihood_out = torch.empty(n, **like)
+    marginals = torch.empty(L, n, N, **like)
+    pairs = torch.zeros(L - 1, n, N, N, **like) if pairwise else None
     for part in forward_backward_chunks(factors, obs, budget, pairwise=pairwise and L > 1, given_target=given_target):
         log_likelihood_out[part.rows] = part.log_likelihood
         marginals[:, part.rows] = part.hop_marginals
@@ -152,9 +152,13 @@ def pairwise_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
 
 
 def value_marginals(factors: HopFactors, obs, budget=None) -> torch.Tensor:
-    """``(L, n, S)``: the posterior probability that hop ``l`` attends a position whose value is ``s``."""
-    L, n, S = factors.n_hops, len(obs), factors.log_emission.shape[0]
-    out = factors.log_emission.new_zeros(L, n, S)
+    """``(L, n, S)``: the posterior probability that hop ``l`` attends a position whose value is ``s`` (factors that
+    read symbols only: observations with ``values``)."""
+    if not factors.reads_symbols:
+        raise ValueError("value_marginals needs factors that read value symbols; these emit from a position "
+                         "(position_emission), and their observations need not have values")
+    L, n, S = factors.n_hops, len(obs), factors.num_symbols
+    out = torch.zeros(L, n, S, dtype=factors.dtype, device=factors.device)
     for part in forward_backward_chunks(factors, obs, budget):
         values = part.obs.values.unsqueeze(0).expand(L, -1, -1)
         out[:, part.rows] = part.hop_marginals.new_zeros(L, len(part.obs), S).scatter_add_(2, values, part.hop_marginals)

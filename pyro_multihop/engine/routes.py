@@ -1,6 +1,7 @@
 """The engine's routes: which one a query's chunks take (:func:`choose_route`), a chunk prepared on one for the
-recursion (:func:`prepare`), and the retry of a chunk's underflowing rows on the ``"dense"`` route
-(:func:`dense_retries`).
+recursion (:func:`prepare`), and the one fallback of every query's chunks (:func:`run_with_fallback`): probability
+space on the route, the rows that underflow there retried on the ``"dense"`` route (:func:`dense_retries`), and
+those that underflow there too recomputed in log space (:func:`rows_in_log_space`).
 
 - ``"symbols"``: transitions factored through symbol space (:class:`~.transitions.SymbolTransitions`),
   ``O(S^2 + N)`` per row and hop;
@@ -12,7 +13,7 @@ recursion (:func:`prepare`), and the retry of a chunk's underflowing rows on the
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -30,6 +31,9 @@ __all__ = [
     "prepare",
     "dense_retries",
     "DENSE_RETRY_ELEMENTS",
+    "rows_in_log_space",
+    "run_with_fallback",
+    "put_rows",
 ]
 
 #: The two routes of the engine: transitions factored through symbol space, or dense over positions.
@@ -97,7 +101,8 @@ def prepare(factors: HopFactors, chunk, route: str) -> PreparedChunk:
         chain = chain_from_scores(factors.score_tables, chunk)
     else:
         chain = factors.dense_chain(chunk)
-    transitions = PositionTransitions.from_chain(chain, chunk, factors.num_symbols)
+    keys, values = (chunk.keys, chunk.values) if factors.reads_symbols else (None, None)
+    transitions = PositionTransitions.from_chain(chain, keys, values, factors.num_symbols)
     return PreparedChunk(chunk, chain.init.exp(), transitions, chain)
 
 
@@ -140,3 +145,49 @@ def dense_retries(factors: HopFactors, prepared: PreparedChunk, rows: torch.Tens
 #: next use, so sub-chunks whose factors stay below it run faster (the sharp-gates section of docs/engine.md;
 #: the timings at this cap are benchmarks/results/engine_sharp.md).
 DENSE_RETRY_ELEMENTS = 2**20
+
+
+def rows_in_log_space(factors: HopFactors, prepared: PreparedChunk, rows: torch.Tensor):
+    """``(sub-chunk, its dense log factors, its (c', N) log emission)`` for the ``rows`` of a chunk that the
+    probability-space route could not compute (the dense factors are reused when the route built them)."""
+    sub = prepared.obs[rows]
+    if prepared.chain is None:
+        chain = factors.dense_chain(sub)
+    else:
+        chain = HopChain(prepared.chain.init[rows], prepared.chain.trans[:, rows])
+    return sub, chain, factors.target_log_probs(sub)
+
+
+def run_with_fallback(factors: HopFactors, chunk, route: str, attempt: Callable, in_log_space: Callable, budget=None,
+                      extra: float = 0.0, combine: Optional[Callable] = None):
+    """A query's value on one chunk, exact on every row: the one fallback every query's chunks go through.
+
+    ``attempt(chunk, route) -> (value, ok (c,), prepared)`` computes the chunk in probability space on ``route``
+    (``prepared``: its :class:`PreparedChunk`); the rows not ``ok`` are retried by ``attempt`` on the ``"dense"``
+    route in sub-chunks under the budget (:func:`dense_retries`, ``extra`` elements a row beside the factors), and
+    where there is no such retry (the transitions came from the dense factors already), recomputed by
+    ``in_log_space(sub-chunk, its HopChain, its (c', N) log emission) -> value of those rows`` (:mod:`.log_space`).
+    ``combine(value, ok, parts)``, ``parts`` a list of ``(rows LongTensor, their value)``, gives the chunk's value;
+    by default :func:`put_rows`. A new query is its ``attempt`` and its ``in_log_space``."""
+    value, ok, prepared = attempt(chunk, route)
+    parts: List[Tuple[torch.Tensor, object]] = []
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().squeeze(-1)
+        retries = dense_retries(factors, prepared, bad, budget, extra)
+        for rows in retries:
+            parts.append((rows, run_with_fallback(factors, chunk[rows], "dense", attempt, in_log_space, budget, extra,
+                                                  combine)))
+        if not retries:
+            parts.append((bad, in_log_space(*rows_in_log_space(factors, prepared, bad))))
+    return (put_rows if combine is None else combine)(value, ok, parts)
+
+
+def put_rows(value, ok: torch.Tensor, parts: list):
+    """``value`` (a tensor, or a tuple of tensors, rows first) with each part's rows put in, out of place (so that
+    a differentiable value keeps its graph)."""
+    for rows, part in parts:
+        if isinstance(value, tuple):
+            value = tuple(whole.index_put((rows,), piece) for whole, piece in zip(value, part))
+        else:
+            value = value.index_put((rows,), part)
+    return value

@@ -16,10 +16,10 @@ The gradient of the total has a closed form in the forward messages ``alpha`` an
 so that over a chunk it is one ``(S, 2c) x (2c, S)`` product a transition, written once, and the first hop and
 the emission get ``beta[0]`` and ``alpha[L - 1]``.
 
-Two autograd functions apply it: :func:`symbol_route_total` to any score tables' transition weights (their own
-backward then takes the gradient on to the parameters), and :func:`key_table_symbol_route_total` to a chained
-head's key tables, forming the first hop and the weights inside, so that every hop's gradient is written once into
-the key tables' gradient (16 MB of fresh ``(S, S)`` buffers less a loss at ``S = 1000``, ``L = 3``).
+:func:`symbol_route_total` applies it to any score tables' transition weights (their own backward then takes the
+gradient on to the parameters); :func:`closed_form_total` is what the engine calls, and takes instead the score
+tables' own closed form where they carry one (:attr:`~.score_tables.ScoreTables.symbol_route_total`, built from
+:func:`kept_gradient` and :func:`backward_products`: the chained head's, on its key tables).
 
 Shapes: ``c`` rows, ``N`` positions, ``S`` symbols, ``L`` hops.
 """
@@ -30,12 +30,16 @@ from typing import List
 
 import torch
 
-from .log_space import masked_log_softmax
+from .hop_factors import first_hop_log_probs
+from .moved_names import deprecated_aliases
 from .recursion import forward_messages
-from .score_tables import KeyTableScores, key_gradient_, transition_weights_by_key
 from .transitions import SymbolTransitions
 
-__all__ = ["symbol_route_total", "key_table_symbol_route_total", "takes_key_tables"]
+__all__ = ["symbol_route_total", "closed_form_total", "kept_gradient", "backward_products"]
+
+# The chained head's closed form moved to its key tables (pyro_multihop.models.chained_key_tables); kept for one release.
+__getattr__ = deprecated_aliases(__name__, {"key_table_symbol_route_total": (
+    "pyro_multihop.models.chained_key_tables", "key_table_symbol_route_total")})
 
 
 class _SymbolRouteTotal(torch.autograd.Function):
@@ -56,23 +60,23 @@ class _SymbolRouteTotal(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, _grad_ok):
         emission, *weights = ctx.saved_tensors
-        grad = _kept_rows(ctx.transitions, grad_total)
+        grad = kept_gradient(ctx.transitions, grad_total)
         grad_weights = [None] * len(weights)
 
         def write(hop, left, right):  # (S_k, S_v), viewed as (S_v, S_k): the layout the whole tables' backward reads
             grad_weights[hop] = (left @ right).transpose(0, 1)
 
-        beta = _backward_products(ctx.transitions, ctx.alphas, emission, [w.detach() for w in weights], grad, write)
+        beta = backward_products(ctx.transitions, ctx.alphas, emission, [w.detach() for w in weights], grad, write)
         return (None, None, beta * grad, ctx.alphas[-1] * grad, *grad_weights)
 
 
-def _kept_rows(transitions, grad_total: torch.Tensor) -> torch.Tensor:
-    """``(c, 1)``: the upstream gradient, 0 on rows that failed in probability space (the caller recomputes them
+def kept_gradient(transitions, grad_total: torch.Tensor) -> torch.Tensor:
+    """``(c, 1)``: the upstream gradient ``grad_total (c,)``, 0 on rows that failed in probability space (the caller recomputes them
     in log space and discards this total)."""
     return torch.where(transitions.ok, grad_total, torch.zeros_like(grad_total)).unsqueeze(-1)
 
 
-def _backward_products(transitions, alphas, emission, tables, grad, write) -> torch.Tensor:
+def backward_products(transitions, alphas, emission, tables, grad, write) -> torch.Tensor:
     """The backward recursion of the module docstring: for each transition, from the last, ``write(hop, left
     (S_k, 2c), right (2c, S_v))``, whose product is ``d total / d E[v, k]`` in (key, value) layout; returns the
     first hop's backward message ``beta[0] (c, N)``."""
@@ -96,67 +100,6 @@ def _backward_products(transitions, alphas, emission, tables, grad, write) -> to
     return beta
 
 
-class _KeyTableSymbolRouteTotal(torch.autograd.Function):
-    """As :class:`_SymbolRouteTotal`, from the chained head's key tables ``K (L, S, S)`` themselves (a
-    :class:`~.score_tables.KeyTableScores`): the first hop's logits ``(K[0, key_j, query] - ||K[0, key_j]||^2 / 2)
-    / sigma2`` are gathered and the later hops' weights formed inside, so that the backward writes every hop's
-    gradient into one ``(L, S, S)`` tensor. Separately, the whole first-hop table (formed only to gather ``c N``
-    of its entries) and its dense gradient, and each later hop's ``(S, S)`` product and its copy into the key
-    tables' gradient, are fresh ``(S, S)`` buffers of a loss: 16 MB of 44 MB at ``S = 1000``, ``L = 3``.
-
-    Backward, in the key tables' (key, query) layout, with ``D_l = d total / d E_l * E_l`` for the later hops and
-    ``g = d total / d logits`` of the first hop (a softmax over the positions)::
-
-        dK[l, k, q] = (D_l[k, q] - K[l, k, q] sum_q' D_l[k, q']) / sigma2                         (l >= 1)
-        dK[0, k, q] = (sum_{j: key_j = k, query = q} g_j - K[0, k, q] sum_{j: key_j = k} g_j) / sigma2
-    """
-
-    @staticmethod
-    def forward(ctx, factors, chunk, key_tables, emission):
-        sigma2 = factors.score_tables.sigma2
-        with torch.no_grad():
-            tables = key_tables.detach()
-            weights = [transition_weights_by_key(table, sigma2) for table in tables[1:].unbind(0)]  # (S_k, S_q)
-            half_norms = torch.linalg.vector_norm(tables[0], dim=-1).square_().mul_(0.5)  # (S,)
-            S = tables.shape[-1]
-            first_index = chunk.keys * S + chunk.query.unsqueeze(-1)  # (c, N) into K[0] viewed flat
-            logits = (tables[0].reshape(-1)[first_index] - half_norms[chunk.keys]) / sigma2
-            init = masked_log_softmax(logits, chunk.mask).exp()
-            transitions = SymbolTransitions.build(factors, chunk, [w.transpose(0, 1) for w in weights])
-            alphas = forward_messages(transitions, init, factors.n_hops)
-            total = (alphas[-1] * emission.detach()).sum(-1)
-        ctx.transitions, ctx.alphas, ctx.sigma2 = transitions, alphas, sigma2
-        ctx.first_index, ctx.keys, ctx.init, ctx.weights = first_index, chunk.keys, init, weights
-        ctx.save_for_backward(key_tables, emission)
-        ctx.mark_non_differentiable(transitions.ok)
-        return total, transitions.ok
-
-    @staticmethod
-    def backward(ctx, grad_total, _grad_ok):
-        key_tables, emission = ctx.saved_tensors
-        tables, sigma2, init, weights = key_tables.detach(), ctx.sigma2, ctx.init, ctx.weights
-        grad = _kept_rows(ctx.transitions, grad_total)
-        grad_tables = torch.empty_like(tables) if ctx.needs_input_grad[2] else None
-
-        def write(hop, left, right):
-            if grad_tables is None:
-                return
-            out = torch.mm(left, right, out=grad_tables[hop + 1]).mul_(weights[hop])  # D, in (key, query) layout
-            key_gradient_(out, tables[hop + 1], sigma2)
-
-        beta = _backward_products(ctx.transitions, ctx.alphas, emission, [w.transpose(0, 1) for w in weights],
-                                  grad, write)
-        if grad_tables is not None:
-            upstream = beta * grad  # d total / d init
-            first = init * (upstream - (init * upstream).sum(-1, keepdim=True))  # through the softmax (0 at padding)
-            S = tables.shape[-1]
-            first = first / sigma2
-            by_key = first.new_zeros(S).index_add_(0, ctx.keys.flatten(), first.flatten())  # sum_{key_j = k} g_j
-            torch.mul(tables[0], by_key.neg_().unsqueeze(-1), out=grad_tables[0])
-            grad_tables[0].view(-1).index_add_(0, ctx.first_index.flatten(), first.flatten())
-        return None, None, grad_tables, ctx.alphas[-1] * grad
-
-
 def symbol_route_total(factors, chunk, init: torch.Tensor, emission: torch.Tensor, weights: List[torch.Tensor]):
     """``(total (c,), ok (c,), transitions)``: the shifted likelihood ``sum_i alpha_L[i] emission[i]`` of a chunk
     on the symbol route, differentiable in ``init``, ``emission`` and ``weights`` through the closed form of
@@ -165,14 +108,13 @@ def symbol_route_total(factors, chunk, init: torch.Tensor, emission: torch.Tenso
     return total, ok
 
 
-def takes_key_tables(factors) -> bool:
-    """Whether :func:`key_table_symbol_route_total` applies: the factors' score tables are a chained head's key
-    tables."""
-    return isinstance(factors.score_tables, KeyTableScores) and factors.n_hops > 1
-
-
-def key_table_symbol_route_total(factors, chunk, emission: torch.Tensor):
-    """As :func:`symbol_route_total` for factors whose score tables are a chained head's key tables
-    (:func:`takes_key_tables`), differentiable in the key tables (the first hop and the transition weights formed
-    inside, :class:`_KeyTableSymbolRouteTotal`) and in ``emission``: ``(total (c,), ok (c,))``."""
-    return _KeyTableSymbolRouteTotal.apply(factors, chunk, factors.score_tables.key_tables, emission)
+def closed_form_total(factors, chunk, emission: torch.Tensor):
+    """``(total (c,), ok (c,))`` as :func:`symbol_route_total`, differentiable in the factors' parameters and in
+    ``emission (c, N)``: through the score tables' own closed form when they carry one
+    (:attr:`~.score_tables.ScoreTables.symbol_route_total`), else through their transition weights."""
+    tables = factors.score_tables
+    if tables.symbol_route_total is not None:
+        return tables.symbol_route_total(factors, chunk, emission)
+    weights = factors.transition_weights  # first: the first hop then reads the whole tables
+    init = first_hop_log_probs(tables, chunk).exp()
+    return symbol_route_total(factors, chunk, init, emission, weights)

@@ -380,9 +380,11 @@ class PositionTransitions(Transitions):
         self.keys, self.values, self.num_symbols = keys, values, num_symbols
 
     @classmethod
-    def from_chain(cls, chain: HopChain, chunk, num_symbols: int) -> "PositionTransitions":
-        ok = torch.ones(len(chunk), dtype=torch.bool, device=chain.init.device)
-        keys, values = (chunk.keys, chunk.values) if hasattr(chunk, "keys") else (None, None)
+    def from_chain(cls, chain: HopChain, keys: Optional[torch.Tensor] = None, values: Optional[torch.Tensor] = None,
+                   num_symbols: int = 0) -> "PositionTransitions":
+        """From dense log factors; ``keys`` and ``values`` ``(c, N)`` (for :meth:`key_statistics`) where the
+        observations have symbols."""
+        ok = torch.ones(chain.init.shape[0], dtype=torch.bool, device=chain.init.device)
         return cls(list(exp(chain.trans).unbind(0)), None, ok, keys, values, num_symbols)
 
     @classmethod

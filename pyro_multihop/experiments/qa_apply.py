@@ -104,7 +104,7 @@ def question_only_samples(head, obs, num_samples: int, seed: int = 0, budget: Op
     """``(num_samples, n, L)`` hop paths drawn from the prior chain (the question alone) by the engine's
     :func:`~pyro_multihop.engine.sample_paths`, with a private generator seeded with ``seed``; on the CPU."""
     factors = head.hop_factors()
-    generator = torch.Generator(device=factors.log_emission.device).manual_seed(int(seed))
+    generator = torch.Generator(device=factors.device).manual_seed(int(seed))
     return engine.sample_paths(factors, obs, num_samples, generator, budget, given_target=False).cpu()
 
 

@@ -1,7 +1,7 @@
 """Multi-hop attention heads: the exact chained head and the tied-embedding variant."""
 
 from ..engine.moved_names import deprecated_aliases
-from .base import HopAttentionHead
+from .base import HopAttentionHead, KeyValueAttentionHead
 from .chained import ChainedAttention, onehot_gate_logits
 from .facts import FactAttention, fact_chain_truth
 from .tied import (
@@ -14,6 +14,7 @@ from .tied import (
 
 __all__ = [
     "HopAttentionHead",
+    "KeyValueAttentionHead",
     "ChainedAttention",
     "FactAttention",
     "fact_chain_truth",

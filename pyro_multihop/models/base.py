@@ -1,15 +1,18 @@
-"""What every multi-hop attention head shares: validation, exact inference through its hop chain, sampling,
+"""What every multi-hop attention head shares: exact inference through its hop chain, validation, sampling,
 and the enumerated Pyro sites for the hop latents and the target.
 
-A head subclasses :class:`HopAttentionHead` and supplies
+The contract is :class:`HopAttentionHead`: a head supplies ``hop_factors()`` (what it hands the engine),
+``check_observations(obs)`` and ``config()``, and gets ``log_likelihood``, ``predict_proba``, ``posterior``,
+``hop_marginals``, ``pairwise_marginals``, ``map_paths``, ``k_best_paths``, ``sample_paths``, ``path_entropy``
+and ``evaluate``. A head over key/value symbols (:class:`KeyValueAttentionHead`) supplies instead
 
-- ``gate_logits(hop, keys, query, mask)``, the unnormalised log attention with plug-in parameters
-  (from which ``hop_chain(obs) -> HopChain`` builds the log gate factors of a batch), and
-- ``emission``, the ``(S, T)`` target table,
+- ``gate_score_tables()``, the ``(L, S, S)`` gate logits of every (query symbol, key symbol) pair with plug-in
+  parameters, or, for a gate with position terms, ``hop_chain(obs) -> HopChain``, the log gate factors of a
+  batch, and
+- ``emission_logits``, the ``(S, T)`` target table's logits,
 
-and gets ``log_likelihood``, ``predict_proba``, ``hop_marginals``, ``map_paths``, ``posterior``,
-``evaluate`` and ``sample`` from here. Its Pyro ``model`` draws the hop latents with
-:func:`sample_hop_path`.
+and gets ``hop_factors``, ``log_emission``, ``value_marginals`` and ``sample`` as well. Its Pyro ``model`` draws
+the hop latents with :func:`sample_hop_path`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ..data import Observations
 from ..distributions import GateCategorical, TableCategorical
 from ..engine.log_space import HopChain, chain_sample_paths
 
-__all__ = ["HopAttentionHead", "sample_hop_path", "attended_values", "emission_to_logits", "check_positive_int", "check_sigma2"]
+__all__ = ["HopAttentionHead", "KeyValueAttentionHead", "sample_hop_path", "attended_values", "emission_to_logits", "check_positive_int", "check_sigma2"]
 
 
 def sample_hop_path(
@@ -106,53 +109,26 @@ def emission_to_logits(emission, shape) -> torch.Tensor:
 
 
 class HopAttentionHead(PyroModule):
-    """Base class of the L-hop attention heads (see the module docstring)."""
+    """What every head is: the exact queries of its hop chain, run by the engine on the factors it hands over.
+
+    A head supplies :meth:`hop_factors` (its :class:`~pyro_multihop.engine.HopFactors`), :meth:`check_observations`
+    (its data class, refused with ``TypeError``/``ValueError`` naming the field) and :meth:`config`; every query
+    here then holds for it. Heads over key/value symbols get more from :class:`KeyValueAttentionHead`.
+    """
 
     n_hops: int
     num_symbols: int
     num_targets: int
 
     # -- to be supplied by a head --------------------------------------------------------------------
-    def gate_logits(self, hop: int, keys: torch.Tensor, query: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """Unnormalised log attention at hop ``hop`` (0-based) with the plug-in parameters.
-
-        Batch dims broadcast: keys ``(n, N)`` with an enumerated query ``(E, n)`` give ``(E, n, N)``.
-
-        :param keys: ``(*batch, N)`` key symbols.
-        :param query: ``(*batch)`` query symbols.
-        :param mask: ``(*batch, N)`` bool or None (padding gets zero attention).
-        :returns: ``(*batch, N)``.
-        """
-        raise NotImplementedError  # pragma: no cover - abstract
-
-    def gate_score_tables(self) -> Optional[torch.Tensor]:
-        """``(L, S, S)`` unnormalised gate logits ``scores[l, q, k]`` of hop ``l + 1`` when its query symbol ``q``
-        meets key symbol ``k``, or None if the gate depends on more than the two symbols. With tables,
-        :meth:`hop_chain` and the engine's fast symbol route come for free."""
-        return None
-
-    def hop_chain(self, obs: Observations) -> HopChain:
-        """Dense log factors of the hop chain of a batch (``init (n, N)``, ``trans (L - 1, n, N, N)``)."""
-        scores = self.gate_score_tables()
-        if scores is None:  # pragma: no cover - a head without score tables overrides hop_chain
-            raise NotImplementedError(f"{type(self).__name__} must define gate_score_tables() or hop_chain()")
-        return engine.chain_from_scores(scores, obs)
-
-    @property
-    def log_emission(self) -> torch.Tensor:
-        """``(S, T)`` log emission table (row log-softmax of ``emission_logits``)."""
-        return self.emission_logits.log_softmax(-1)
-
-    def score_tables(self) -> Optional[engine.ScoreTables]:
-        """:meth:`gate_score_tables` as the engine reads them (lazily; by default the whole table, wrapped)."""
-        return engine.as_score_tables(self.gate_score_tables())
-
-    def hop_factors(self) -> engine.HopFactors:
+    def hop_factors(self) -> engine.HopFactors:  # pragma: no cover - abstract
         """The factors of the hop chain, every hop's gate and the emission, as the inference engine
         (:mod:`pyro_multihop.engine`) takes them."""
-        tables = self.score_tables()
-        dense_chain = self.hop_chain if tables is None else functools.partial(engine.chain_from_scores, tables)
-        return engine.HopFactors(self.log_emission, dense_chain, self.n_hops, tables)
+        raise NotImplementedError
+
+    def check_observations(self, obs, name: str = "obs"):  # pragma: no cover - abstract
+        """Raise ``TypeError``/``ValueError`` naming the field if ``obs`` does not fit this head; return it."""
+        raise NotImplementedError
 
     def hop_gates(self, *args, **kwargs) -> engine.HopFactors:
         """Deprecated: renamed :meth:`hop_factors` (the factors carry the emission as well as the gates); kept for
@@ -169,22 +145,6 @@ class HopAttentionHead(PyroModule):
         """Extra keyword arguments that SVI passes to ``model`` and ``guide`` at step ``step`` (none here)."""
         return {}
 
-    # -- validation ------------------------------------------------------------------------------------
-    def check_observations(self, obs: Observations, name: str = "obs") -> Observations:
-        """Raise ``TypeError``/``ValueError`` naming the field if ``obs`` does not fit this model."""
-        if not isinstance(obs, Observations):
-            raise TypeError(f"{name} must be pyro_multihop.Observations, got {type(obs).__name__}")
-        obs.check_sizes(self.num_symbols, self.num_targets)
-        return obs
-
-    def _context(self, keys, values, query, mask=None) -> Observations:
-        if isinstance(keys, Observations):
-            return self.check_observations(keys)
-        query_tensor = torch.as_tensor(query)
-        obs = Observations(keys, values, query, torch.zeros_like(query_tensor, dtype=torch.long), mask)
-        obs.check_sizes(self.num_symbols, None)
-        return obs
-
     # -- exact inference (every query runs through pyro_multihop.engine, in chunks under a memory budget) --------
     def log_likelihood(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
         """``(n,)`` exact ``log p(target | context, query)``, differentiable in the parameters.
@@ -195,12 +155,9 @@ class HopAttentionHead(PyroModule):
         self.check_observations(obs)
         return engine.log_likelihood(self.hop_factors(), obs, budget)
 
-    def predict_proba(self, keys, values=None, query=None, mask=None, *, budget: Optional[int] = None) -> torch.Tensor:
-        """``(n, T)`` predictive target distribution, the hop latents marginalised.
-
-        Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
-        """
-        obs = self._context(keys, values, query, mask)
+    def predict_proba(self, obs, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n, T)`` predictive target distribution, the hop latents marginalised (targets unused)."""
+        self.check_observations(obs)
         return engine.predict_proba(self.hop_factors(), obs, budget)
 
     @torch.no_grad()
@@ -225,12 +182,6 @@ class HopAttentionHead(PyroModule):
         return engine.pairwise_marginals(self.hop_factors(), obs, budget)
 
     @torch.no_grad()
-    def value_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
-        """``(L, n, S)`` posterior probability that hop ``l`` attends a position whose value symbol is ``s``."""
-        self.check_observations(obs)
-        return engine.value_marginals(self.hop_factors(), obs, budget)
-
-    @torch.no_grad()
     def map_paths(self, obs: Observations, *, given_target: bool = True, budget: Optional[int] = None) -> torch.Tensor:
         """``(n, L)`` LongTensor, the most probable hop path given the observation (Viterbi; ties to the lowest
         index). ``given_target=False``: the most probable path of the prior chain, ignoring the targets."""
@@ -245,7 +196,7 @@ class HopAttentionHead(PyroModule):
         check_positive_int("num_samples", num_samples)
         self.check_observations(obs)
         factors = self.hop_factors()
-        generator = torch.Generator(device=factors.log_emission.device)
+        generator = torch.Generator(device=factors.device)
         if seed is None:
             generator.seed()
         else:
@@ -281,6 +232,76 @@ class HopAttentionHead(PyroModule):
             "accuracy": float((predicted == obs.target).double().mean()),
             "n": len(obs),
         }
+
+    def extra_repr(self) -> str:
+        return f"n_hops={self.n_hops}, num_symbols={self.num_symbols}, num_targets={self.num_targets}"
+
+
+class KeyValueAttentionHead(HopAttentionHead):
+    """A head over :class:`~pyro_multihop.data.Observations` (key, value and query symbols) whose target is emitted
+    from the last attended value through an ``(S, T)`` table (see the module docstring): it supplies
+    ``gate_score_tables`` (or ``hop_chain``) and ``emission_logits``, and gets :meth:`hop_factors`, :meth:`value_marginals`, :meth:`sample` and a
+    :meth:`predict_proba` that also takes bare context tensors."""
+
+    # -- to be supplied by a head --------------------------------------------------------------------
+    def gate_score_tables(self) -> Optional[torch.Tensor]:
+        """``(L, S, S)`` unnormalised gate logits ``scores[l, q, k]`` of hop ``l + 1`` when its query symbol ``q``
+        meets key symbol ``k``, or None if the gate depends on more than the two symbols. With tables,
+        :meth:`hop_chain` and the engine's fast symbol route come for free."""
+        return None
+
+    def hop_chain(self, obs: Observations) -> HopChain:
+        """Dense log factors of the hop chain of a batch (``init (n, N)``, ``trans (L - 1, n, N, N)``)."""
+        scores = self.gate_score_tables()
+        if scores is None:  # pragma: no cover - a head without score tables overrides hop_chain
+            raise NotImplementedError(f"{type(self).__name__} must define gate_score_tables() or hop_chain()")
+        return engine.chain_from_scores(scores, obs)
+
+    @property
+    def log_emission(self) -> torch.Tensor:
+        """``(S, T)`` log emission table (row log-softmax of ``emission_logits``)."""
+        return self.emission_logits.log_softmax(-1)
+
+    def score_tables(self) -> Optional[engine.ScoreTables]:
+        """:meth:`gate_score_tables` as the engine reads them (lazily; by default the whole table, wrapped)."""
+        return engine.as_score_tables(self.gate_score_tables())
+
+    def hop_factors(self) -> engine.HopFactors:
+        """The factors of the hop chain, every hop's gate and the emission table, as the inference engine
+        (:mod:`pyro_multihop.engine`) takes them."""
+        tables = self.score_tables()
+        dense_chain = self.hop_chain if tables is None else functools.partial(engine.chain_from_scores, tables)
+        return engine.HopFactors(self.log_emission, dense_chain, self.n_hops, tables)
+
+    # -- validation ------------------------------------------------------------------------------------
+    def check_observations(self, obs: Observations, name: str = "obs") -> Observations:
+        """Raise ``TypeError``/``ValueError`` naming the field if ``obs`` does not fit this model."""
+        if not isinstance(obs, Observations):
+            raise TypeError(f"{name} must be pyro_multihop.Observations, got {type(obs).__name__}")
+        obs.check_sizes(self.num_symbols, self.num_targets)
+        return obs
+
+    def _context(self, keys, values, query, mask=None) -> Observations:
+        if isinstance(keys, Observations):
+            return self.check_observations(keys)
+        query_tensor = torch.as_tensor(query)
+        obs = Observations(keys, values, query, torch.zeros_like(query_tensor, dtype=torch.long), mask)
+        obs.check_sizes(self.num_symbols, None)
+        return obs
+
+    def predict_proba(self, keys, values=None, query=None, mask=None, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(n, T)`` predictive target distribution, the hop latents marginalised.
+
+        Takes ``(keys (n, N), values (n, N), query (n,), mask=None)`` or an :class:`Observations`.
+        """
+        obs = self._context(keys, values, query, mask)
+        return engine.predict_proba(self.hop_factors(), obs, budget)
+
+    @torch.no_grad()
+    def value_marginals(self, obs: Observations, *, budget: Optional[int] = None) -> torch.Tensor:
+        """``(L, n, S)`` posterior probability that hop ``l`` attends a position whose value symbol is ``s``."""
+        self.check_observations(obs)
+        return engine.value_marginals(self.hop_factors(), obs, budget)
 
     # -- generative sampler -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -319,6 +340,3 @@ class HopAttentionHead(PyroModule):
             last_values = chunk.values.cpu().gather(1, paths[:, -1:]).squeeze(1)
             target[rows] = torch.multinomial(emission[last_values], 1, generator=generator).squeeze(1)
         return Observations(context.keys, context.values, context.query, target)
-
-    def extra_repr(self) -> str:
-        return f"n_hops={self.n_hops}, num_symbols={self.num_symbols}, num_targets={self.num_targets}"

@@ -42,8 +42,9 @@ from ..data import Observations
 from ..distributions import CollapsedHopChain
 from ..gate_ops import log_normalize, table_gather
 from ..engine.log_space import MASKED_LOGIT, HopChain
+from .chained_key_tables import KeyTableScores
 from .base import (
-    HopAttentionHead,
+    KeyValueAttentionHead,
     attended_values,
     check_positive_int,
     check_sigma2,
@@ -94,7 +95,7 @@ def context_ranks(mask: Optional[torch.Tensor], n: int, N: int, device=None):
     return rank, mask.long().sum(-1, keepdim=True) - 1 - rank
 
 
-class ChainedAttention(HopAttentionHead):
+class ChainedAttention(KeyValueAttentionHead):
     """L-hop chained responsibility attention with exact (enumerated) hop latents.
 
     :param int n_hops: ``L``, the number of hops (1 = a single attention head).
@@ -224,15 +225,15 @@ class ChainedAttention(HopAttentionHead):
         :meth:`hop_chain`'s dense factors)."""
         if self.max_distance is not None:
             return None
-        return engine.KeyTableScores(self.key_tables, self.sigma2).dense()
+        return KeyTableScores(self.key_tables, self.sigma2).dense()
 
     def score_tables(self) -> Optional[engine.ScoreTables]:
-        """The engine's lazy view of :meth:`gate_score_tables` (:class:`~pyro_multihop.engine.KeyTableScores`): a
+        """The engine's lazy view of :meth:`gate_score_tables` (:class:`~.chained_key_tables.KeyTableScores`, with its closed form of the symbol route's likelihood): a
         query gathers the logits of its own (query, key) pairs from the key tables, and forms the whole
         ``(L, S, S)`` table only where it reads it all; None with ``max_distance``."""
         if self.max_distance is not None:
             return None
-        return engine.KeyTableScores(self.key_tables, self.sigma2)
+        return KeyTableScores(self.key_tables, self.sigma2)
 
     def _position_logits(self, age_slopes, offset_slopes, direction_logits, values, mask):
         """``(hop, previous position (..., n) or None) -> (..., n, N)``: the age, offset and direction terms."""

@@ -437,15 +437,6 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
         return weights[..., :F], weights[..., F:2 * F], weights[..., 2 * F:], weights.sum(-1, keepdim=True), matches
 
-    @property
-    def log_emission(self) -> torch.Tensor:
-        """``(S, S)`` the first field's emission table (log-softmax), the engine's ``log_emission``: its shape,
-        dtype and device; targets come from :meth:`emission_log_probs` (``HopFactors.position_emission``). An
-        embedded head has no such table: zeros of that shape, one element expanded (nothing allocated)."""
-        if self.embed_dim is not None or self.answer_symbols is not None:
-            return self.compare_bias.new_zeros(()).expand(self.num_symbols, self.num_symbols)
-        return self.emission_tables[0].log_softmax(-1)
-
     def hop_factors(self) -> engine.HopFactors:
         """The dense factors and the per-fact emission as the engine takes them."""
         F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
@@ -468,23 +459,10 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
             position_target = functools.partial(self.target_log_probs, normalisers=self.field_normalisers())
         # a draw of E fixed now (the model's) is the one the engine's later calls read
         chain, emission, target = map(self._at_this_embedding, (self.hop_chain, self.emission_log_probs, position_target))
-        return engine.HopFactors(self.log_emission, chain, L, position_emission=emission, position_target=target,
-                               extra_elements=extra_elements if self.embed_dim is None else embedded_elements)
-
-    # -- queries that need the data class --------------------------------------------------------------------
-    def predict_proba(self, obs: FactObservations, *, budget: Optional[int] = None) -> torch.Tensor:
-        """``(n, S)`` predictive answer distribution, the hop latents marginalised (targets unused)."""
-        self.check_observations(obs)
-        return engine.predict_proba(self.hop_factors(), obs, budget)
-
-    def value_marginals(self, obs, *, budget: Optional[int] = None):
-        """Not defined: a fact has ``F`` symbols, not one value (use :meth:`hop_marginals` and ``obs.facts``)."""
-        raise TypeError("FactAttention has no value_marginals: a fact holds F symbols, not one value; "
-                        "combine hop_marginals(obs) with obs.facts instead")
-
-    def sample(self, n: int, context_len: int = 6, seed: Optional[int] = None):
-        """Not defined: facts, questions and their masks have no prior here (use ``fact_chain_task``)."""
-        raise TypeError("FactAttention.sample needs facts and questions: simulate them with fact_chain_task")
+        return engine.HopFactors(None, chain, L, position_emission=emission, position_target=target,
+                                 extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
+                                 num_symbols=S, num_targets=self.num_targets,
+                                 dtype=self.age_slopes.dtype, device=self.age_slopes.device)
 
     # -- Pyro models ---------------------------------------------------------------------------------------------
     @pyro_method

@@ -76,7 +76,7 @@ from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule
 from ..guides.mean_field import MeanFieldNormalGuide
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from ..engine.moved_names import deprecated_aliases
-from .base import HopAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
+from .base import KeyValueAttentionHead, check_positive_int, check_sigma2, emission_to_logits, sample_hop_path
 
 __all__ = [
     "PLUG_IN_RULES",
@@ -194,7 +194,7 @@ def _score_hop_factors(scores: torch.Tensor, log_emission: torch.Tensor, n_hops:
     return engine.HopFactors(log_emission, functools.partial(engine.chain_from_scores, scores), n_hops, scores)
 
 
-class TiedEmbeddingAttention(HopAttentionHead):
+class TiedEmbeddingAttention(KeyValueAttentionHead):
     """L-hop attention over tied latent embeddings with a mean-field posterior (see the module docstring).
 
     :param int num_symbols: ``S``, symbols of keys, values and queries.

@@ -51,3 +51,65 @@ def test_dense_retries_cover_the_failing_rows_in_bounded_sub_chunks(monkeypatch)
     assert [len(s) for s in routes.dense_retries(factors, prepared, failing, budget=int(2 * one_row))] == [2] * 4
     assert routes.dense_retries(factors, prepared, failing[:0]) == []
     assert routes.dense_retries(factors, routes.prepare(factors, chunk, "dense"), failing) == []
+
+
+#: Every query of the engine: name -> (factors, obs) -> result (the sampler's paths by shape only).
+EVERY_QUERY = {
+    "log_likelihood": lambda factors, obs: engine.log_likelihood(factors, obs),
+    "predict_proba": lambda factors, obs: engine.predict_proba(factors, obs),
+    "hop_marginals": lambda factors, obs: engine.hop_marginals(factors, obs),
+    "pairwise_marginals": lambda factors, obs: engine.pairwise_marginals(factors, obs),
+    "prior_marginals": lambda factors, obs: engine.hop_marginals(factors, obs, given_target=False),
+    "map_paths": lambda factors, obs: engine.map_paths(factors, obs),
+    "k_best_paths": lambda factors, obs: engine.k_best_paths(factors, obs, 3),
+    "path_entropy": lambda factors, obs: engine.path_entropy(factors, obs),
+    "posterior_map": lambda factors, obs: engine.HopPosterior(factors, obs).map_paths,
+    "sample_paths": lambda factors, obs: engine.sample_paths(factors, obs, 4, torch.Generator().manual_seed(0)).shape,
+}
+
+
+@pytest.mark.parametrize("kind, route", [("chained", "symbols"), ("chained", "positions"), ("facts", "positions")])
+def test_every_query_goes_through_the_one_fallback(kind, route, monkeypatch):
+    """Every query's chunks go through ``routes.run_with_fallback`` (spied in every engine module that uses it): with
+    each attempt made to fail on every row, every row takes the fallback, dense retry then log space, and every
+    query still gives the answers of probability space (exact against brute force elsewhere); every query called
+    the helper. Score tables on either route retry on the dense route first."""
+    from pyro_multihop.engine import paths, posterior, queries
+
+    if kind == "facts":  # a position emission has no score tables: the position route only
+        head = factories.random_fact_head(2, 3, 6, 4, seed=0)
+        obs = factories.random_fact_observations(7, 4, 3, 3, 6, seed=10)
+    else:
+        head, obs = random_head("chained", 3, seed=5), random_obs(n=7, seed=6, masked=True)
+    monkeypatch.setattr(routes, "SYMBOL_ROUTE_RATIO", float("inf") if route == "symbols" else 0.0)
+    factors = head.hop_factors()
+    with torch.no_grad():
+        want = {name: query(factors, obs) for name, query in EVERY_QUERY.items()}
+    calls = []
+
+    def failing(factors, chunk, route, attempt, *args, **kwargs):
+        def fails(chunk, route):
+            value, ok, prepared = attempt(chunk, route)
+            calls.append(route)
+            return value, torch.zeros_like(ok), prepared
+
+        return routes.run_with_fallback(factors, chunk, route, fails, *args, **kwargs)
+
+    for module in (queries, posterior, paths):
+        assert module.run_with_fallback is routes.run_with_fallback
+        monkeypatch.setattr(module, "run_with_fallback", failing)
+    with torch.no_grad():
+        for name, value in want.items():
+            before = len(calls)
+            got = EVERY_QUERY[name](factors, obs)
+            assert len(calls) > before, name
+            if name == "k_best_paths":
+                assert torch.equal(got[0], value[0]) and torch.allclose(got[1], value[1], rtol=1e-10), name
+            elif isinstance(value, torch.Size):
+                assert got == value
+            elif value.dtype == torch.long:
+                assert torch.equal(got, value), name
+            else:
+                assert torch.allclose(got, value, rtol=1e-10, atol=1e-12), name
+    if kind == "chained":
+        assert "dense" in calls

@@ -1,174 +1,71 @@
-"""The gate's score tables read lazily (``engine/score_tables.py``): every reader, values and gradients, against
-the gate formula written out in full, and the engine's likelihood on every reading path against brute force."""
+"""The score-table protocol (``engine/score_tables.py``): what a head's own tables implement, the hook through which
+they hand the engine their own closed form of the symbol route's likelihood, and the aliases of the names that
+moved to the chained head's side."""
 
 import math
 
 import factories
-import oracle
 import pytest
 import torch
 
 from pyro_multihop import engine
-from pyro_multihop.engine.score_tables import DenseScoreTables, KeyTableScores
+from pyro_multihop.engine import queries, score_tables
+from pyro_multihop.engine.hop_factors import HopFactors, chain_from_scores
+from pyro_multihop.engine.score_tables import DenseScoreTables, ScoreTables, as_score_tables
+from pyro_multihop.engine.symbol_likelihood import symbol_route_total
 
-S, N = 7, 3
-
-
-def formula_scores(key_tables, sigma2):
-    """``(L, S, S)``: ``(1 - ||onehot(q) - K[l, k]||^2) / 2 sigma2`` at every ``(q, k)``, by broadcasting the
-    squared distance itself (the library forms ``K[l, k, q] - ||K[l, k]||^2 / 2`` instead)."""
-    L, S_, _ = key_tables.shape
-    onehot = torch.eye(S_, dtype=key_tables.dtype)
-    distances = ((onehot[None, :, None, :] - key_tables[:, None, :, :]) ** 2).sum(-1)  # (L, q, k)
-    return (1.0 - distances) / (2.0 * sigma2)
+S, T, N = 6, 4, 5
 
 
-def formula_weights(scores):
-    """The transition weights of the hops after the first: ``exp(scores - row max)``, the shift held constant (it
-    cancels in every normalised transition, so the library passes no gradient through it)."""
-    later = scores[1:]
-    return list((later - later.amax(-1, keepdim=True).detach()).exp().unbind(0))
+class HookedTables(DenseScoreTables):
+    """A head's own tables with a closed form of its own: here the engine's generic one, counted."""
+
+    def __init__(self, scores):
+        super().__init__(scores)
+        self.calls = 0
+
+    def symbol_route_total(self, factors, chunk, emission):
+        self.calls += 1
+        init = engine.hop_factors.first_hop_log_probs(self, chunk).exp()
+        return symbol_route_total(factors, chunk, init, emission, self.transition_weights())
 
 
-def random_tables(hops, seed=0, scale=1.0):
-    generator = torch.Generator().manual_seed(seed)
-    return scale * torch.randn(hops, S, S, generator=generator, dtype=torch.float64)
+def test_a_tensor_becomes_dense_tables_and_tables_stay_as_they_are():
+    scores = torch.randn(2, S, S, dtype=torch.float64)
+    tables = as_score_tables(scores)
+    assert isinstance(tables, DenseScoreTables) and tables.dense() is scores
+    assert as_score_tables(tables) is tables and as_score_tables(None) is None
+    assert ScoreTables.symbol_route_total is None and tables.symbol_route_total is None
 
 
-def random_symbols(shape, seed):
-    return torch.randint(S, shape, generator=torch.Generator().manual_seed(seed))
+@pytest.mark.parametrize("hops", [2, 3])
+def test_the_engine_calls_the_tables_own_closed_form_when_they_carry_one(hops, monkeypatch):
+    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
+    monkeypatch.setattr(queries, "CLOSED_FORM_MIN_SYMBOLS", 1)
+    generator = torch.Generator().manual_seed(hops)
+    scores = torch.randn(hops, S, S, generator=generator, dtype=torch.float64, requires_grad=True)
+    log_emission = torch.randn(S, T, generator=generator, dtype=torch.float64).log_softmax(-1)
+    obs = factories.random_observations(9, S, T, N, seed=hops, masked=True)
+    tables = HookedTables(scores)
+    hooked = HopFactors(log_emission, lambda chunk: chain_from_scores(scores, chunk), hops, scores=tables)
+    plain = HopFactors(log_emission, lambda chunk: chain_from_scores(scores, chunk), hops, scores=scores)
+    got = queries.log_likelihood(hooked, obs)
+    assert tables.calls == 1
+    want = queries.log_likelihood(plain, obs)
+    assert torch.allclose(got, want, rtol=1e-12, atol=0)
+    (a,), (b,) = torch.autograd.grad(got.sum(), scores), torch.autograd.grad(want.sum(), scores)
+    assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # no gradient: the plain recursion, not the hook
+        queries.log_likelihood(hooked, obs)
+    assert tables.calls == 1
 
 
-def observations(n=5, seed=3, masked=False):
-    return factories.random_observations(n, S, 4, N, seed, masked)
+@pytest.mark.parametrize("module, name", [(engine, "KeyTableScores"), (score_tables, "KeyTableScores"),
+                                          (score_tables, "transition_weights_by_key"),
+                                          (score_tables, "key_gradient_"),
+                                          (engine.symbol_likelihood, "key_table_symbol_route_total")])
+def test_the_chained_heads_names_moved_to_its_side_and_warn(module, name):
+    from pyro_multihop.models import chained_key_tables
 
-
-def _readings(tables, obs, whole_first):
-    """Every reading of ``tables`` (a ScoreTables, or the formula's ``(L, S, S)`` tensor), as a list of tensors."""
-    if isinstance(tables, torch.Tensor):
-        scores = tables
-        first = scores[0][obs.query.unsqueeze(-1), obs.keys]
-        later = scores[1:][:, obs.values.unsqueeze(-1), obs.keys.unsqueeze(-2)]
-        hop_last = scores[-1][obs.values, obs.keys]
-        return [first, later, first, later, hop_last] + formula_weights(scores) + [scores]
-    out = []
-    if whole_first:
-        out_weights = tables.transition_weights()
-    first, later = tables.chain_logits(obs)
-    out += [first, later, tables.gather(0, obs.query.unsqueeze(-1), obs.keys),
-            tables.later_pair_logits(obs.values, obs.keys), tables.gather(tables.n_hops - 1, obs.values, obs.keys)]
-    if not whole_first:
-        out_weights = tables.transition_weights()
-    return out + list(out_weights) + [tables.dense()]
-
-
-@pytest.mark.parametrize("hops", [1, 2, 3])
-@pytest.mark.parametrize("whole_first", [False, True], ids=["gathers-first", "whole-first"])
-@pytest.mark.parametrize("n", [5, 60], ids=["few-pairs", "more-pairs-than-the-tables"])
-def test_every_reading_and_its_gradient_equal_the_gate_formula(hops, whole_first, n):
-    """Values and the gradient of a random linear function of each reading, lazy tables against the formula (the
-    first hop's gathers read the key tables before the whole tables are formed, and the whole first-hop table
-    after; gathers of more entries than the tables hold read the whole logit table)."""
-    sigma2, obs = 0.4, observations(n=n, seed=hops)
-    key_tables = random_tables(hops, seed=hops).requires_grad_()
-    got = _readings(KeyTableScores(key_tables, sigma2), obs, whole_first)
-    want = _readings(formula_scores(key_tables, sigma2), obs, whole_first)
-    assert len(got) == len(want)
-    generator = torch.Generator().manual_seed(7)
-    for reading, (lazy, formula) in enumerate(zip(got, want)):
-        assert lazy.shape == formula.shape, reading
-        assert torch.allclose(lazy, formula, rtol=1e-12, atol=1e-12), reading
-        if lazy.numel() == 0:
-            continue
-        weights = torch.randn(lazy.shape, generator=generator, dtype=lazy.dtype)
-        lazy_grad, = torch.autograd.grad((lazy * weights).sum(), key_tables, retain_graph=True)
-        formula_grad, = torch.autograd.grad((formula * weights).sum(), key_tables, retain_graph=True)
-        assert torch.allclose(lazy_grad, formula_grad, rtol=1e-10, atol=1e-10), reading
-
-
-def test_without_gradients_the_readings_are_the_same():
-    obs, key_tables = observations(), random_tables(3).requires_grad_()
-    with_grad = _readings(KeyTableScores(key_tables, 0.3), obs, whole_first=False)
-    with torch.no_grad():
-        without = _readings(KeyTableScores(key_tables, 0.3), obs, whole_first=False)
-    for a, b in zip(with_grad, without):
-        assert not b.requires_grad
-        assert torch.equal(a.detach(), b)
-
-
-def test_dense_tables_read_the_same_as_lazy_ones():
-    obs, key_tables = observations(seed=4), random_tables(3, seed=4)
-    lazy = _readings(KeyTableScores(key_tables, 0.3), obs, whole_first=True)
-    dense = _readings(DenseScoreTables(formula_scores(key_tables, 0.3)), obs, whole_first=True)
-    for a, b in zip(lazy, dense):
-        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
-
-
-def test_transition_weights_stay_finite_for_a_sharp_gate():
-    """sigma2 = 1e-3 and keys far apart: logits of order 1e4, weights in [0, 1] with each row's maximum 1, and a
-    finite gradient."""
-    key_tables = random_tables(3, seed=5, scale=3.0).requires_grad_()
-    weights = KeyTableScores(key_tables, 1e-3).transition_weights()
-    for table in weights:
-        assert torch.isfinite(table).all() and (table >= 0).all() and (table <= 1).all()
-        assert torch.equal(table.amax(-1), torch.ones(S, dtype=table.dtype))
-    grad, = torch.autograd.grad(sum((w * w.detach()).sum() for w in weights), key_tables)
-    assert torch.isfinite(grad).all()
-
-
-# A chunk of c rows reads the tables one of three ways: the symbol route (whole transition weights), the
-# position route with c N^2 >= S^2 (whole weights, gathered per pair) and with c N^2 < S^2 (logits gathered from
-# the key tables, never the whole table). With S = 7, N = 3: one-row chunks (9 < 49) and whole batches of 6 rows
-# (54 >= 49) take the last two.
-READING_PATHS = pytest.mark.parametrize(
-    "ratio, budget", [(math.inf, None), (0.0, None), (0.0, 1)], ids=["symbols", "positions-whole", "positions-gathered"]
-)
-
-
-@pytest.mark.parametrize("hops", [1, 2, 3])
-@READING_PATHS
-def test_likelihood_and_gradient_on_every_reading_path_equal_brute_force(hops, ratio, budget, monkeypatch):
-    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", ratio)
-    head = factories.random_chained_head(hops, S, 4, seed=hops, sigma2=0.5)
-    obs = observations(n=6, seed=10 + hops)
-    parameters = [head.key_tables, head.emission_logits]
-    log_likelihood = head.log_likelihood(obs, budget=budget)
-    grads = torch.autograd.grad(log_likelihood.sum(), parameters)
-    eye = torch.eye(S, dtype=torch.float64)
-    key_vectors = [table[obs.keys] for table in head.key_tables]  # differentiable, unlike oracle.onehot_vectors
-    reference = oracle.log_likelihood_autograd(eye[obs.query], key_vectors, eye[obs.values], head.sigma2,
-                                               head.emission, obs.values, obs.target)
-    reference_grads = torch.autograd.grad(reference.sum(), parameters)
-    assert torch.allclose(log_likelihood, reference, rtol=1e-12, atol=0)
-    for got, want in zip(grads, reference_grads):
-        assert torch.allclose(got, want, rtol=1e-9, atol=1e-11)
-
-
-def test_the_chained_head_hands_the_engine_lazy_tables():
-    head = factories.random_chained_head(2, S, 4)
-    tables = head.hop_factors().score_tables
-    assert isinstance(tables, KeyTableScores)
-    assert torch.allclose(tables.dense(), head.gate_score_tables(), rtol=1e-12, atol=1e-12)
-    assert factories.random_chained_head(2, S, 4, max_distance=3).hop_factors().score_tables is None
-
-
-def test_tables_formed_without_gradients_do_not_serve_a_differentiable_read():
-    """A head's gates read under no_grad first (an evaluation) and then in a loss: the second read must carry
-    the gradient, not reuse the tables formed without it."""
-    key_tables, obs = random_tables(3, seed=8).requires_grad_(), observations(n=60, seed=8)
-    tables = KeyTableScores(key_tables, 0.3)
-    with torch.no_grad():
-        _readings(tables, obs, whole_first=True)
-    got = _readings(tables, obs, whole_first=True)
-    want = _readings(formula_scores(key_tables, 0.3), obs, whole_first=True)
-    generator = torch.Generator().manual_seed(9)
-    for lazy, formula in zip(got, want):
-        assert lazy.requires_grad
-        weights = torch.randn(lazy.shape, generator=generator, dtype=lazy.dtype)
-        lazy_grad, = torch.autograd.grad((lazy * weights).sum(), key_tables, retain_graph=True)
-        formula_grad, = torch.autograd.grad((formula * weights).sum(), key_tables, retain_graph=True)
-        assert torch.allclose(lazy_grad, formula_grad, rtol=1e-10, atol=1e-10)
-    dense = DenseScoreTables(formula_scores(key_tables, 0.3))
-    with torch.no_grad():
-        dense.transition_weights()
-    assert all(weight.requires_grad for weight in dense.transition_weights())
+    with pytest.warns(DeprecationWarning, match="pyro_multihop.models.chained_key_tables"):
+        assert getattr(module, name) is getattr(chained_key_tables, name)

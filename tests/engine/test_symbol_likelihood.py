@@ -60,43 +60,6 @@ def test_rows_that_fail_in_probability_space_get_no_gradient_and_stay_finite():
 
 
 @pytest.mark.parametrize("hops", [2, 3])
-def test_the_engine_takes_the_closed_form_from_its_threshold(hops, monkeypatch):
-    """With the threshold lowered to these few symbols, the chained head's differentiable log-likelihood goes
-    through the closed form on its key tables (spied): its gradient equals brute force, and with sigma2 = 1e-3
-    (rows recomputed in log space; gradients of order 1e-13, below the brute force's own rounding) the gradient
-    without the closed form."""
-    from pyro_multihop.engine import queries, symbol_likelihood
-
-    monkeypatch.setattr(engine.routes, "SYMBOL_ROUTE_RATIO", math.inf)
-    calls = []
-    total = symbol_likelihood.key_table_symbol_route_total
-    monkeypatch.setattr(queries, "key_table_symbol_route_total", lambda *args: calls.append(1) or total(*args))
-    full = factories.random_observations(9, S, T, N, seed=21, masked=False)
-    padded = factories.random_observations(9, S, T, N, seed=22, masked=True)
-
-    def gradients(obs, sigma2, scale, threshold):
-        monkeypatch.setattr(queries, "CLOSED_FORM_MIN_SYMBOLS", threshold)
-        head = factories.random_chained_head(hops, S, T, seed=20 + hops, sigma2=sigma2, scale=scale)
-        parameters = [head.key_tables, head.emission_logits]
-        return head, parameters, torch.autograd.grad(head.log_likelihood(obs).sum(), parameters)
-
-    head, parameters, grads = gradients(full, 0.5, 1.0, threshold=1)
-    assert len(calls) == 1
-    eye = torch.eye(S, dtype=torch.float64)
-    reference = oracle.log_likelihood_autograd(eye[full.query], [t[full.keys] for t in head.key_tables],
-                                               eye[full.values], head.sigma2, head.emission, full.values, full.target)
-    for got, want in zip(grads, torch.autograd.grad(reference.sum(), parameters)):
-        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
-    # padding, and rows recomputed in log space, against the same head without the closed form
-    for obs, sigma2, scale, atol in [(padded, 0.5, 1.0, 1e-12), (full, 1e-3, 3.0, 1e-15), (padded, 1e-3, 3.0, 1e-15)]:
-        _, _, grads = gradients(obs, sigma2, scale, threshold=1)
-        _, _, without = gradients(obs, sigma2, scale, threshold=10**9)
-        for got, want in zip(grads, without):
-            assert torch.allclose(got, want, rtol=1e-9, atol=atol)
-    assert len(calls) == 4
-
-
-@pytest.mark.parametrize("hops", [2, 3])
 def test_a_dense_score_table_takes_the_closed_form_on_its_weights(hops, monkeypatch):
     """Factors given a dense ``(L, S, S)`` score table (batched factors, the tied head's table) take the closed form
     on the transition weights (spied); the gradient in the table equals autograd through the dense chain."""
@@ -108,7 +71,7 @@ def test_a_dense_score_table_takes_the_closed_form_on_its_weights(hops, monkeypa
     monkeypatch.setattr(queries, "CLOSED_FORM_MIN_SYMBOLS", 1)
     calls = []
     total = symbol_likelihood.symbol_route_total
-    monkeypatch.setattr(queries, "symbol_route_total", lambda *args: calls.append(1) or total(*args))
+    monkeypatch.setattr(symbol_likelihood, "symbol_route_total", lambda *args: calls.append(1) or total(*args))
     obs = factories.random_observations(9, S, T, N, seed=31, masked=True)
     generator = torch.Generator().manual_seed(30 + hops)
     scores = torch.randn(hops, S, S, generator=generator, dtype=torch.float64, requires_grad=True)

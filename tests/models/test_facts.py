@@ -205,8 +205,6 @@ def test_bad_input():
         FactAttention(2, 3, 5, init={"emission_mix_probs": [1.0, 0.0]})
     with pytest.raises(ValueError, match="n_hops must be a positive integer"):
         FactAttention(0, 3, 5)
-    with pytest.raises(TypeError, match="no value_marginals"):
-        head.value_marginals(obs)
 
 
 def test_em_refuses_and_says_why():
