@@ -260,12 +260,19 @@ def build_model(payload: dict):
     # Constructors may draw random initial values; keep the caller's random stream untouched.
     with torch.random.fork_rng(devices=[]):
         try:
-            model = cls(**payload["config"])
+            model = cls(**upgraded_config(cls, payload["config"]))
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"cannot rebuild {payload['model_class']} from {payload['config']}: {error}") from None
     model = model.to(_DTYPES[payload["dtype"]])
     load_parameters(model, payload)
     return model
+
+
+def upgraded_config(cls, config: dict) -> dict:
+    """``config`` as this release's constructor reads it: a head that gained an argument whose default differs from
+    how its older checkpoints were trained says, in its ``config_from_checkpoint``, what they meant."""
+    upgrade = getattr(cls, "config_from_checkpoint", None)
+    return dict(config) if upgrade is None or not isinstance(config, dict) else dict(upgrade(dict(config)))
 
 
 def load_parameters(model, payload: dict) -> None:
@@ -280,7 +287,7 @@ def load_parameters(model, payload: dict) -> None:
         mismatch(payload["config"], payload["state_dict"])
     if message is not None:
         raise CheckpointError(message)
-    if dict(model.config()) != dict(payload["config"]):
+    if dict(model.config()) != upgraded_config(type(model), payload["config"]):
         raise CheckpointError(f"checkpoint configuration {payload['config']} differs from the model's {model.config()}")
     state_dict = _checked_state_dict(model, payload["state_dict"])
     try:

@@ -70,6 +70,8 @@ def score(p, obs, row, hop, previous, j, D):
 def gate(p, obs, row, hop, previous, D):
     """``{j: log p(z = j | previous)}`` over the real facts."""
     real = [i for i in range(obs.num_facts) if bool(obs.full_mask()[row, i])]
+    if previous is not None and not p["revisit"] and len(real) > 1:  # no hop attends the previous hop's fact again
+        real = [j for j in real if j != previous]
     scores = torch.stack([torch.as_tensor(score(p, obs, row, hop, previous, j, D), dtype=torch.float64) for j in real])
     return dict(zip(real, torch.log_softmax(scores, 0)))
 
@@ -123,7 +125,7 @@ def path_tables(head, obs, params=None):
     """Per row ``{path: (log prior, log joint)}`` over every path of real facts, and per row the ``(S,)``
     predictive; ``params`` (default: the head's parameters in float64) may require grad."""
     p = params if params is not None else {k: v.detach().double() for k, v in head.named_parameters()}
-    p = {**p, "answer_symbols": getattr(head, "answer_symbols", None)}
+    p = {**p, "answer_symbols": getattr(head, "answer_symbols", None), "revisit": head.revisit}
     D = head.max_distance
     tables, predictive = [], []
     for row in range(len(obs)):
@@ -135,6 +137,8 @@ def path_tables(head, obs, params=None):
         emissions = {i: emission(p, obs, row, i) for i in real}
         table, mixture = {}, 0.0
         for path in itertools.product(real, repeat=head.n_hops):
+            if any(path[hop] not in gates[(hop, path[hop - 1])] for hop in range(1, head.n_hops)):
+                continue  # a revisit the head forbids: probability zero
             prior = gates[(0, None)][path[0]]
             for hop in range(1, head.n_hops):
                 prior = prior + gates[(hop, path[hop - 1])][path[hop]]

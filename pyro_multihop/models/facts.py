@@ -6,7 +6,7 @@ vocabulary of ``S`` symbols for facts, question and answer)::
     w_l = softmax_m(choice[l, q_m] + choice_position[l, min(m, P)])      # (M,) hop l's soft pick of question tokens
     z_1 ~ Categorical(softmax_j(s_1(j)))                                 # over real facts j
     for l = 2..L:
-        z_l ~ Categorical(softmax_j(s_l(z_{l-1}, j)))                     # reads every field of fact z_{l-1}
+        z_l ~ Categorical(softmax_{j != z_{l-1}}(s_l(z_{l-1}, j)))        # reads every field of fact z_{l-1}
     target ~ Categorical(emission(fact z_L))                             # (S,): a table of a field, or a copy
 
     question ──> z_1 ──> z_2 ──> ... ──> z_L ──> target
@@ -24,7 +24,9 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
               + (direction_logits[l] + sum_a direction_by_symbol[l, a, f_i^a]) [rank_j > rank_i]
               + sum_{d, a} (nearest_weights[l, d, a] + sum_c nearest_by_symbol[l, d, c, f_i^c]) [j = near_d^a(i)]
 
-Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L,
+A hop never attends the fact the hop before it attended (``revisit=False``, the default; the row's only real
+fact excepted), so that no hop can idle by repeating its predecessor; ``revisit=True`` lets it (the chained head's
+rule). Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L,
 so their parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for short).
 Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit.
 ``age_j`` counts the real facts after ``j``, ``rank_j`` those before it; ``near_before^a(i)``
@@ -80,8 +82,8 @@ from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (PARAMETER_SHAPES, answer_symbols_tensor, initial_value, mix_logits, parameter_elements,
-                              parameter_shapes, shape_of)
+from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, PARAMETER_SHAPES, answer_symbols_tensor,
+                              initial_value, mix_logits, parameter_elements, parameter_shapes, shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL"]
@@ -95,8 +97,11 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
 
     The generative story and the terms of the score are in the module docstring; every parameter is an
-    unconstrained ``torch.nn.Parameter`` named as in :data:`PARAMETER_SHAPES` (0 at the start, except
-    ``emission_tables`` and ``emission_mix``, uniform at 0 too), so the head starts attending uniformly.
+    unconstrained ``torch.nn.Parameter`` named as in :data:`PARAMETER_SHAPES`, 0 at the start (``emission_tables``
+    and ``emission_mix`` uniform at 0 too) except the equality weights ``question_equality`` and ``field_equality``,
+    at :data:`~.fact_parameters.EQUALITY_START`: the head starts out attending the facts that share symbols with
+    the question and the previous fact (at 0, a chain of hops is a saddle that training does not leave;
+    docs/facts.md, "Where training starts").
 
     :param int n_hops: ``L``.
     :param int num_fields: ``F``, fields per fact.
@@ -122,6 +127,9 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         no / maybe answers from matches of question tokens with the fact's fields). Off (the default), its
         mixture logit starts at ``MASKED_LOGIT``, where its weight and its gradient are exactly 0, so the head
         is the tables-and-copies head of earlier releases; an ``init`` of ``emission_mix`` overrides it.
+    :param bool revisit: whether hop ``l`` may attend the fact hop ``l - 1`` attended (default False: it may not,
+        unless the row has one real fact; checkpoints written before this option load with True, as they were
+        trained).
     :param answer_symbols: None (default): the learnt parts of the emission (its tables and its comparison) put
         mass on every one of the ``S`` symbols. A sequence of ``A`` distinct symbols: on those alone (e.g. the
         training answers), so that their parameters are ``(.., A)`` and their normalisers cost ``O(A)``, not
@@ -141,9 +149,12 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
     def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
-                 answer_symbols=None, embedding_posterior: str = "point", annealing=None):
+                 answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False):
         super().__init__()
         self.comparison = bool(comparison)
+        if not isinstance(revisit, bool):
+            raise TypeError(f"revisit must be a bool, got {revisit!r}")
+        self.revisit = revisit
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.num_fields = check_positive_int("num_fields", num_fields)
         self.num_symbols = check_positive_int("num_symbols", num_symbols)
@@ -180,6 +191,8 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
                 value[-1] = MASKED_LOGIT  # the comparison component off: weight and gradient exactly 0
             elif name in embedded.RANDOM_START:
                 value = torch.randn(shape, generator=generator, dtype=dtype) / self.embed_dim ** 0.5
+            elif name in EQUALITY_WEIGHTS:
+                value = torch.full(shape, EQUALITY_START, dtype=dtype)
             else:
                 value = torch.zeros(shape, dtype=dtype)
             self._set_parameter(name, value, initial_scale)
@@ -190,10 +203,17 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
+        config["revisit"] = self.revisit
         if self.answer_symbols is not None:
             config["answer_symbols"] = self.answer_symbols.tolist()
         config = {**config, **self._posterior_config()}
         return {**config, "comparison": True} if self.comparison else config
+
+    @staticmethod
+    def config_from_checkpoint(config: dict) -> dict:
+        """A checkpoint's configuration as this release reads it: one written before ``revisit`` existed was
+        trained with revisits allowed, so it loads with ``revisit=True``."""
+        return config if "revisit" in config else {**config, "revisit": True}
 
     def kind(self) -> str:
         """Which parameters this head has, in words: its ``S x S`` tables or its symbol embeddings."""
@@ -232,9 +252,9 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         head decays its ``symbol_embedding`` and the question and content forms in place of the tables, at 2e-3.
         Measured (held-out rows of entities training never showed; docs/facts.md, "Symbol embeddings"): on
         ``fact_chain_task`` with 2,000 rows 1.0 (0.976 at 2e-2, 0.89 at 3e-2), on a simulated knowledge base
-        (``datasets.knowledge_base``, one hop) 0.985 (0.37 at 2e-2: the relation words are not learnt). With few
-        rows over few entities that recur often (``fact_chain_task``, 200 rows) a stronger decay generalises
-        better (0.88 at 2e-2, 0.55 at 2e-3): pass ``weight_decay`` there. A symbol that training never showed has a
+        (``datasets.knowledge_base``, one hop) 0.985 (0.37 at 2e-2: the relation words are not learnt); from the
+        equality start (:data:`~.fact_parameters.EQUALITY_START`), few rows over few entities too
+        (``fact_chain_task``, 300 rows, ``D = 8``: 1.0, 0.907 at 2e-2). A symbol that training never showed has a
         gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol")
@@ -352,7 +372,11 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
             # Every term is added in place into the fresh pair term: none of these ops keeps its input.
             logits = self.pair_term(hop, chunk).add_(self.question_term(hop, chunk).unsqueeze(-2))
             logits = self.add_nearest_term(hop, chunk, self.add_order_term(hop, chunk, logits))
-            later.append(logits.masked_fill_(column_mask, MASKED_LOGIT))
+            logits.masked_fill_(column_mask, MASKED_LOGIT)
+            if not self.revisit:  # hop l may not attend hop l - 1's fact, unless it is the row's only real fact
+                stay = torch.eye(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                logits.masked_fill_(stay & (chunk.real.sum(-1) > 1).view(-1, 1, 1), MASKED_LOGIT)
+            later.append(logits)
         return first, later
 
     def hop_chain(self, obs: FactObservations) -> HopChain:

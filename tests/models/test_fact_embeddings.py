@@ -140,14 +140,26 @@ def test_parameter_counts():
     assert parameter_shapes() == PARAMETER_SHAPES and not set(parameter_shapes(D2)) & {"question_tables", "emission_tables"}
 
 
-def test_the_start_attends_uniformly_and_the_seed_draws_the_embeddings():
+def test_the_start_attends_by_equality_alone_and_the_seed_draws_the_embeddings():
+    """At the start only the equality terms score (at EQUALITY_START: with the question at every hop, with the
+    previous fact from hop 2 on), and hop 2 never returns to hop 1's fact."""
+    from pyro_multihop.models.fact_parameters import EQUALITY_START
+
     obs = factories.random_fact_observations(3, N, F, M, S, seed=2, padded=False)
     head = FactAttention(2, F, S, max_question_len=P, embed_dim=D, dtype=torch.float64, seed=1)
-    assert torch.allclose(head.hop_marginals(obs.with_target(obs.target)) * 0 + 1 / N,
-                          torch.full((2, 3, N), 1 / N, dtype=torch.float64))
+    first = torch.zeros(3, N, dtype=torch.float64)
+    later = torch.zeros(3, N, N, dtype=torch.float64)
+    for row in range(3):
+        question = obs.question[row].tolist()
+        for j in range(N):
+            matches = sum(q == int(obs.facts[row, j, b]) for q in question for b in range(F))
+            first[row, j] = EQUALITY_START * matches / len(question)  # the tokens weigh 1 / M each
+            for i in range(N):
+                shared = sum(int(obs.facts[row, i, a]) == int(obs.facts[row, j, b]) for a in range(F) for b in range(F))
+                later[row, i, j] = first[row, j] + EQUALITY_START * shared if i != j else -float("inf")
     chain = head.hop_chain(obs)
-    assert torch.allclose(chain.init.exp(), torch.full((3, N), 1 / N, dtype=torch.float64), atol=1e-12)
-    assert torch.allclose(chain.trans.exp(), torch.full((1, 3, N, N), 1 / N, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(chain.init.exp(), first.softmax(-1), atol=1e-12)
+    assert torch.allclose(chain.trans[0].exp(), later.softmax(-1), atol=1e-12)
     again = FactAttention(2, F, S, max_question_len=P, embed_dim=D, dtype=torch.float64, seed=1)
     other = FactAttention(2, F, S, max_question_len=P, embed_dim=D, dtype=torch.float64, seed=2)
     assert torch.equal(head.symbol_embedding, again.symbol_embedding)

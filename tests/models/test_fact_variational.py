@@ -128,9 +128,12 @@ def test_one_hot_embeddings_give_the_chained_head(posterior):
     emission[1] = chained.emission_logits.detach()
     eye = torch.eye(symbols, dtype=torch.float64)
     init = {"symbol_embedding": eye, "output_embedding": eye, "question_bilinear": question,
-            "content_bilinear": content, "emission_bilinear": emission, "emission_mix_probs": [0.0, 1.0, 0.0, 0.0]}
+            "content_bilinear": content, "emission_bilinear": emission, "emission_mix_probs": [0.0, 1.0, 0.0, 0.0],
+            "question_equality": torch.zeros(L, 2, dtype=torch.float64),
+            "field_equality": torch.zeros(L - 1, 2, 2, dtype=torch.float64)}
+    # no equality terms, and revisits allowed: a chained hop may attend the previous hop's position again
     head = FactAttention(L, 2, symbols, max_question_len=1, dtype=torch.float64, embed_dim=symbols, init=init,
-                         embedding_posterior=posterior)
+                         embedding_posterior=posterior, revisit=True)
     data = factories.random_observations(4, symbols, symbols, 4, seed=2, masked=True)
     facts = FactObservations(torch.stack([data.keys, data.values], -1), data.query[:, None], data.target, data.mask)
     expected, got = chained.log_likelihood(data), head.log_likelihood(facts)
@@ -182,22 +185,21 @@ def test_the_posterior_is_configured_counted_and_checkpointed(tmp_path, obs):
 
 
 def test_svi_with_the_guide_learns_the_chain_task():
-    """fit_svi, not told which head it fits (collapsed, the head's defaults and its annealed KL; the decay of the
-    means and forms 2e-2, docs/facts.md's advice for few rows over few entities), on 300 rows of ``fact_chain_task``:
+    """fit_svi, not told which head it fits (collapsed, the head's defaults and its annealed KL), on 300 rows of
+    ``fact_chain_task``:
     held-out rows over entities training never showed, and over its own, answered close to the generating structure
-    (measured 0.96 and 0.85 against 1.0; at the start, under uniform attention, few are), the posterior narrower than
+    (measured 1.0 and 1.0 against 1.0; at the start few are), the posterior narrower than
     the prior for the symbols training shows, and the collapse diagnostic silent."""
     train, test, unseen = fact_chain_task(300, seed=0), fact_chain_task(300, seed=1), \
         fact_chain_task(300, entities="test", seed=2)
     truth = fact_chain_truth()
     head = FactAttention(2, 3, truth.num_symbols, max_question_len=3, embed_dim=8, embedding_posterior="mean_field")
     start = head.evaluate(unseen)["accuracy"]
-    decay = {name: 2e-2 if value == 2e-3 else value for name, value in head.svi_defaults()["weight_decay"].items()}
-    metrics = fit_svi(head, train, collapsed=True, progress=False, seed=0, weight_decay=decay)
+    metrics = fit_svi(head, train, collapsed=True, progress=False, seed=0)
     assert metrics["loss"].iloc[-1] < 0.2 * metrics["loss"].iloc[0]
     assert head.evaluate(train)["accuracy"] >= 0.95 * truth.evaluate(train)["accuracy"]
-    assert head.evaluate(unseen)["accuracy"] >= 0.9 * truth.evaluate(unseen)["accuracy"] > start + 0.3
-    assert head.evaluate(test)["accuracy"] >= 0.75 * truth.evaluate(test)["accuracy"]
+    assert head.evaluate(unseen)["accuracy"] >= 0.95 * truth.evaluate(unseen)["accuracy"] > start + 0.3
+    assert head.evaluate(test)["accuracy"] >= 0.95 * truth.evaluate(test)["accuracy"]
     seen = torch.unique(train.facts[train.facts >= 0])
-    assert float(head.embeddings().scale[seen].mean()) < 0.5
+    assert float(head.embeddings().scale[seen].mean()) < 0.6  # the prior's is 1
     assert not [d for d in metrics.attrs["diagnostics"] if "collapse" in d["kind"]]
