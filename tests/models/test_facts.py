@@ -316,3 +316,46 @@ def test_the_collapsed_distribution_scores_any_target():
     other = (obs.target + 1) % S
     assert torch.allclose(distribution.log_prob(other), head.log_likelihood(obs.with_target(other)), atol=1e-12)
     assert not torch.allclose(distribution.log_prob(other), distribution.log_prob(obs.target))
+
+
+# -- revisits ---------------------------------------------------------------------------------------------------
+def test_no_hop_attends_the_previous_hops_fact_unless_it_is_the_only_one():
+    """``revisit=False`` (the default): the transition puts no mass on the diagonal, except in a row with one real
+    fact; ``revisit=True`` puts the softmax's mass there. Exactness against brute force, with either rule, is the
+    oracle tests' (tests/facts_oracle.py forbids the revisits the head forbids)."""
+    obs = factories.random_fact_observations(6, 4, 3, 3, 9, seed=3, padded=True)
+    single = obs.full_mask().sum(-1) == 1
+    full = factories.random_fact_observations(1, 4, 3, 3, 9, seed=4, padded=False)
+    only_first = torch.tensor([[True, False, False, False]])
+    lone = FactObservations(full.facts.masked_fill(~only_first.unsqueeze(-1), -1), full.question, full.target, only_first)
+    head = factories.random_fact_head(2, 3, 9, 3, seed=1)
+    assert not head.revisit and FactAttention(2, 3, 9, revisit=True).revisit
+    trans = head.hop_chain(obs).trans[0].exp()  # (n, N, N)
+    real = obs.full_mask()
+    for row in range(len(obs)):
+        for i in range(4):
+            if real[row, i] and not single[row]:
+                assert trans[row, i, i] == 0 and torch.isclose(trans[row, i][real[row]].sum(), torch.tensor(1.0, dtype=trans.dtype))
+    assert torch.isclose(head.hop_chain(lone).trans[0, 0, 0, 0].exp(), torch.tensor(1.0, dtype=trans.dtype))
+    allowed = FactAttention(2, 3, 9, max_question_len=3, max_distance=head.max_distance, dtype=torch.float64, revisit=True,
+                            init={name: p.detach() for name, p in head.named_parameters()})
+    assert (allowed.hop_chain(obs).trans[0].exp().diagonal(dim1=-2, dim2=-1)[real & ~single[:, None]] > 0).all()
+    with pytest.raises(TypeError, match="revisit must be a bool"):
+        FactAttention(2, 3, 9, revisit=1)
+
+
+def test_a_checkpoint_written_before_revisit_loads_with_revisits_allowed(tmp_path):
+    """A checkpoint whose configuration has no ``revisit`` (written before the option) was trained with revisits
+    allowed: it loads with ``revisit=True`` and gives the likelihood it gave; a new one keeps its rule."""
+    from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
+
+    head = FactAttention(2, 3, 68, max_question_len=3, revisit=True)
+    path = save_checkpoint(tmp_path / "new.pt", head, step=0)
+    payload = torch.load(path, weights_only=False)
+    del payload["config"]["revisit"]
+    del payload["sha256"]  # a file without a digest loads (written before it existed); this one is edited
+    torch.save(payload, tmp_path / "old.pt")
+    old, _ = load_checkpoint(tmp_path / "old.pt")
+    obs = fact_chain_task(10, num_facts=4, seed=0)
+    assert old.revisit and torch.equal(old.log_likelihood(obs), head.log_likelihood(obs))
+    assert not load_checkpoint(save_checkpoint(tmp_path / "default.pt", FactAttention(2, 3, 68), step=0))[0].revisit
