@@ -45,5 +45,11 @@ def test_two_processes_on_shards_equal_one_process(tmp_path):
     expected = _fit(single, obs)
     for result in ranks:
         assert torch.allclose(torch.tensor(result["loss"]), torch.tensor(expected["loss"].tolist()), atol=1e-9, rtol=0)
-        for name, value in single.state_dict().items():
-            assert torch.allclose(result["state"][name], value, atol=1e-9), name
+        # The heads are compared by what they compute: a parameter whose gradient is 0 in exact arithmetic (a
+        # direction weight where every allowed candidate lies on one side of the previous fact) gets one of
+        # rounding size, summed in another order on each shard, and Adam's normalised step moves it (5e-4 measured).
+        fitted = _head()
+        fitted.load_state_dict(result["state"])
+        with torch.no_grad():
+            assert torch.allclose(fitted.log_likelihood(obs), single.log_likelihood(obs), atol=1e-9, rtol=0)
+            assert torch.allclose(fitted.hop_marginals(obs), single.hop_marginals(obs), atol=1e-9, rtol=0)
