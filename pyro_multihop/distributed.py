@@ -25,7 +25,7 @@ import datetime
 import functools
 import hashlib
 import os
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist

@@ -71,7 +71,7 @@ from ..checks import check_number
 from ..data import Observations
 from ..distributions import CollapsedHopChain
 from ..embeddings import SymbolEmbeddings
-from ..gate_ops import log_normalize, table_gather
+from ..gate_ops import table_gather
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
 from ..engine.log_space import MASKED_LOGIT, HopChain

@@ -4,7 +4,6 @@ forward recursion on the same transitions, and the rows that fail in probability
 import math
 
 import factories
-import oracle
 import pytest
 import torch
 

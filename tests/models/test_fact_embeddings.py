@@ -7,7 +7,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pyro_multihop import FactAttention, fact_chain_task, fact_chain_truth, fit_svi
-from pyro_multihop.engine import memory_budget
 from pyro_multihop.models.facts import PARAMETER_SHAPES, parameter_elements, parameter_shapes
 from tests import factories
 from tests import facts_oracle as oracle
