@@ -182,3 +182,21 @@ def random_fact_head(L, F, S, P, seed=0, scale=1.0, max_distance=3):
             parameter = getattr(head, name)
             parameter.copy_(scale * torch.randn(parameter.shape, generator=g, dtype=torch.float64))
     return head
+
+
+def chained_as_fact_parameters(chained):
+    """A ``ChainedAttention``'s parameters as a two-field facts head's (key, value) ``init``, detached: hop 1's
+    ``question_tables[0, 0]`` its first score table, ``content_tables[:, 1, 0]`` the later ones, the value field's
+    emission table its emission, every equality weight 0 (build the head with ``revisit=True``: a chained hop may
+    attend the previous hop's position again, and the value field's copy off: ``emission_mix_probs``)."""
+    L, S = chained.n_hops, chained.num_symbols
+    scores = chained.gate_score_tables().detach()  # (L, S, S)
+    question = torch.zeros(L, 2, S, S, dtype=scores.dtype)
+    question[0, 0] = scores[0]
+    content = torch.zeros(L - 1, 2, 2, S, S, dtype=scores.dtype)
+    content[:, 1, 0] = scores[1:]
+    emission = torch.zeros(2, S, chained.num_targets, dtype=scores.dtype)
+    emission[1] = chained.emission_logits.detach()
+    return {"question_tables": question, "content_tables": content, "emission_tables": emission,
+            "emission_mix_probs": [0.0, 1.0, 0.0, 0.0], "question_equality": torch.zeros(L, 2, dtype=scores.dtype),
+            "field_equality": torch.zeros(L - 1, 2, 2, dtype=scores.dtype)}

@@ -120,17 +120,11 @@ def test_one_hot_embeddings_give_the_chained_head(posterior):
     chained = ChainedAttention(L, symbols, symbols, sigma2=0.7, key_tables=torch.randn(L, symbols, symbols, dtype=torch.float64),
                                emission=torch.rand(symbols, symbols, dtype=torch.float64).softmax(-1))
     scores = chained.gate_score_tables()
-    question = torch.zeros(L, 2, symbols, symbols, dtype=torch.float64)
-    question[0, 0] = scores[0].detach()
-    content = torch.zeros(L - 1, 2, 2, symbols, symbols, dtype=torch.float64)
-    content[:, 1, 0] = scores[1:].detach()
-    emission = torch.zeros(2, symbols, symbols, dtype=torch.float64)
-    emission[1] = chained.emission_logits.detach()
+    tables = factories.chained_as_fact_parameters(chained)  # with one-hot E, the forms are the tables
     eye = torch.eye(symbols, dtype=torch.float64)
-    init = {"symbol_embedding": eye, "output_embedding": eye, "question_bilinear": question,
-            "content_bilinear": content, "emission_bilinear": emission, "emission_mix_probs": [0.0, 1.0, 0.0, 0.0],
-            "question_equality": torch.zeros(L, 2, dtype=torch.float64),
-            "field_equality": torch.zeros(L - 1, 2, 2, dtype=torch.float64)}
+    init = {"symbol_embedding": eye, "output_embedding": eye, "question_bilinear": tables.pop("question_tables"),
+            "content_bilinear": tables.pop("content_tables"), "emission_bilinear": tables.pop("emission_tables"),
+            **tables}
     # no equality terms, and revisits allowed: a chained hop may attend the previous hop's position again
     head = FactAttention(L, 2, symbols, max_question_len=1, dtype=torch.float64, embed_dim=symbols, init=init,
                          embedding_posterior=posterior, revisit=True)

@@ -146,18 +146,9 @@ def test_chained_attention_is_a_special_case(L):
     chained = ChainedAttention(L, S2, S2, sigma2=0.7, key_tables=torch.randn(L, S2, S2, dtype=torch.float64),
                                emission=torch.rand(S2, S2, dtype=torch.float64).softmax(-1))
     obs = factories.random_observations(4, S2, S2, 4, seed=L, masked=True)
-    scores = chained.gate_score_tables()  # (L, S, S), differentiable in the key tables
-    question_tables = torch.zeros(L, 2, S2, S2, dtype=torch.float64)
-    question_tables[0, 0] = scores[0].detach()
-    content_tables = torch.zeros(L - 1, 2, 2, S2, S2, dtype=torch.float64)
-    content_tables[:, 1, 0] = scores[1:].detach()
-    emission_tables = torch.zeros(2, S2, S2, dtype=torch.float64)
-    emission_tables[1] = chained.emission_logits.detach()
     # No equality terms, and revisits allowed: a chained hop may attend the previous hop's position again.
-    head = FactAttention(L, 2, S2, max_question_len=1, dtype=torch.float64, revisit=True, init={
-        "question_tables": question_tables, "content_tables": content_tables, "emission_tables": emission_tables,
-        "emission_mix_probs": [0.0, 1.0, 0.0, 0.0], "question_equality": torch.zeros(L, 2, dtype=torch.float64),
-        "field_equality": torch.zeros(L - 1, 2, 2, dtype=torch.float64)})
+    head = FactAttention(L, 2, S2, max_question_len=1, dtype=torch.float64, revisit=True,
+                         init=factories.chained_as_fact_parameters(chained))
     facts = FactObservations(torch.stack([obs.keys, obs.values], -1), obs.query[:, None], obs.target, obs.mask)
     expected = chained.log_likelihood(obs)
     got = head.log_likelihood(facts)
@@ -166,6 +157,7 @@ def test_chained_attention_is_a_special_case(L):
     got.sum().backward()
     later = head.content_tables.grad[:, 1, 0] if L > 1 else torch.zeros(0, S2, S2, dtype=torch.float64)
     score_grads = torch.cat([head.question_tables.grad[:1, 0], later])
+    scores = chained.gate_score_tables()  # (L, S, S), differentiable in the key tables
     (key_grads,) = torch.autograd.grad(scores, chained.key_tables, score_grads)
     assert torch.allclose(key_grads, chained.key_tables.grad, atol=1e-10, rtol=0)
     assert torch.allclose(head.emission_tables.grad[1], chained.emission_logits.grad, atol=1e-10, rtol=0)
