@@ -76,10 +76,14 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--hops", default="2,3")
     parser.add_argument("--embed-dim", type=int, default=32)
+    parser.add_argument("--entities", type=int, default=50_000,
+                        help="entities of the knowledge base (default 50,000; another number writes "
+                             "knowledge_base_<N>.md and .csv)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     sizes = dict(num_entities=2000, n_train=200, n_test=100, steps=20) if args.smoke else \
-        dict(num_entities=50_000, n_train=2000, n_test=500)
+        dict(num_entities=args.entities, n_train=2000, n_test=500)
+    stem = "knowledge_base" if args.smoke or args.entities == 50_000 else f"knowledge_base_{args.entities}"
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for n_hops in (int(h) for h in args.hops.split(",")):
@@ -87,11 +91,12 @@ def main(argv=None) -> None:
             print(rows[-1], flush=True)
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "knowledge_base.csv", index=False)
+    frame.to_csv(args.out / f"{stem}.csv", index=False)
     lines = [
-        "# A knowledge base of 50,000 entities through `pyro-multihop qa` on one core",
+        f"# A knowledge base of {sizes['num_entities']:,} entities through `pyro-multihop qa` on one core",
         "",
-        f"`python benchmarks/knowledge_base.py{' --smoke' if args.smoke else ''}`: the command with `--embed-dim "
+        f"`python benchmarks/knowledge_base.py{' --smoke' if args.smoke else ''}"
+        f"{'' if args.smoke or args.entities == 50_000 else f' --entities {args.entities}'}`: the command with `--embed-dim "
         f"{args.embed_dim} --collapsed --threads 1` and its defaults otherwise, each run in its own process; test "
         "questions hold only entities that no training question holds. `seconds`: the command's wall time "
         "(training, evaluation, outputs); `peak_mib`: its peak resident memory; `symbols`: the head's vocabulary "
@@ -100,7 +105,7 @@ def main(argv=None) -> None:
         frame.to_markdown(index=False),
         "",
     ]
-    (args.out / "knowledge_base.md").write_text("\n".join(lines))
+    (args.out / f"{stem}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
