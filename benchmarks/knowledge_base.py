@@ -83,7 +83,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     sizes = dict(num_entities=2000, n_train=200, n_test=100, steps=20) if args.smoke else \
         dict(num_entities=args.entities, n_train=2000, n_test=500)
-    stem = "knowledge_base" if args.smoke or args.entities == 50_000 else f"knowledge_base_{args.entities}"
+    other_size = not args.smoke and args.entities != 50_000
+    stem = f"knowledge_base_{args.entities}" if other_size else "knowledge_base"
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for n_hops in (int(h) for h in args.hops.split(",")):
@@ -96,7 +97,7 @@ def main(argv=None) -> None:
         f"# A knowledge base of {sizes['num_entities']:,} entities through `pyro-multihop qa` on one core",
         "",
         f"`python benchmarks/knowledge_base.py{' --smoke' if args.smoke else ''}"
-        f"{'' if args.smoke or args.entities == 50_000 else f' --entities {args.entities}'}`: the command with `--embed-dim "
+        f"{f' --entities {args.entities}' if other_size else ''}`: the command with `--embed-dim "
         f"{args.embed_dim} --collapsed --threads 1` and its defaults otherwise, each run in its own process; test "
         "questions hold only entities that no training question holds. `seconds`: the command's wall time "
         "(training, evaluation, outputs); `peak_mib`: its peak resident memory; `symbols`: the head's vocabulary "

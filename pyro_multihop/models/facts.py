@@ -198,8 +198,8 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
             self._set_parameter(name, value, initial_scale)
 
     def config(self) -> dict:
-        """The constructor's arguments; ``embed_dim`` only for an embedded head (a table head's configuration is
-        the one it always had, so that its checkpoints load as before), ``comparison`` only where it is on."""
+        """The constructor's arguments; ``embed_dim`` only for an embedded head, ``comparison`` only where it is on
+        (a checkpoint of either kind written before ``revisit`` loads through :meth:`config_from_checkpoint`)."""
         config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
@@ -361,10 +361,13 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         return logits.scatter_add_(-1, index, weights)
 
     def hop_logits(self, obs: FactObservations, chunk: Optional[FactFeatures] = None):
-        """Unnormalised gate logits, padded facts at ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``,
-        ``later[l - 2][r, i, j] = s_l(i, j)``."""
+        """Unnormalised gate logits, padded facts (and, without ``revisit``, the previous hop's fact) at
+        ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``, ``later[l - 2][r, i, j] = s_l(i, j)``."""
         chunk = self._chunk(obs) if chunk is None else chunk
-        column_mask = ~chunk.real.unsqueeze(-2)
+        blocked = ~chunk.real.unsqueeze(-2)  # (c, 1, N): padded candidates
+        if not self.revisit:  # nor the previous hop's fact, unless it is the row's only real fact
+            stay = torch.eye(chunk.real.shape[-1], dtype=torch.bool, device=blocked.device)
+            blocked = blocked | (stay & (chunk.real.sum(-1) > 1).view(-1, 1, 1))  # (c, N, N)
         first = self.question_term(0, chunk) + self.age_slopes[0] * chunk.age
         first = first.masked_fill(~chunk.real, MASKED_LOGIT)
         later = []
@@ -372,11 +375,7 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
             # Every term is added in place into the fresh pair term: none of these ops keeps its input.
             logits = self.pair_term(hop, chunk).add_(self.question_term(hop, chunk).unsqueeze(-2))
             logits = self.add_nearest_term(hop, chunk, self.add_order_term(hop, chunk, logits))
-            logits.masked_fill_(column_mask, MASKED_LOGIT)
-            if not self.revisit:  # hop l may not attend hop l - 1's fact, unless it is the row's only real fact
-                stay = torch.eye(logits.shape[-1], dtype=torch.bool, device=logits.device)
-                logits.masked_fill_(stay & (chunk.real.sum(-1) > 1).view(-1, 1, 1), MASKED_LOGIT)
-            later.append(logits)
+            later.append(logits.masked_fill_(blocked, MASKED_LOGIT))
         return first, later
 
     def hop_chain(self, obs: FactObservations) -> HopChain:
