@@ -275,6 +275,13 @@ def upgraded_config(cls, config: dict) -> dict:
     return dict(config) if upgrade is None or not isinstance(config, dict) else dict(upgrade(dict(config)))
 
 
+def upgraded_state_dict(cls, state_dict):
+    """``state_dict`` as this release's head reads it: a head that gained a parameter whose value 0 gives the head
+    its older checkpoints were trained as fills it in, in its ``state_from_checkpoint``."""
+    upgrade = getattr(cls, "state_from_checkpoint", None)
+    return state_dict if upgrade is None or not isinstance(state_dict, dict) else upgrade(dict(state_dict))
+
+
 def load_parameters(model, payload: dict) -> None:
     """Copy the parameters of a checkpoint dictionary into ``model`` (same class and configuration)."""
     name = type(model).__name__
@@ -289,7 +296,7 @@ def load_parameters(model, payload: dict) -> None:
         raise CheckpointError(message)
     if dict(model.config()) != upgraded_config(type(model), payload["config"]):
         raise CheckpointError(f"checkpoint configuration {payload['config']} differs from the model's {model.config()}")
-    state_dict = _checked_state_dict(model, payload["state_dict"])
+    state_dict = _checked_state_dict(model, upgraded_state_dict(type(model), payload["state_dict"]))
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as error:

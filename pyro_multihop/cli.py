@@ -45,7 +45,7 @@ from typing import Callable, Optional, Sequence
 
 from .experiments import command_defaults as defaults
 from .experiments.command_defaults import FACTS_SUFFIX, TABLE_SUFFIXES
-from .experiments.qa_command import add_qa_parser, add_starts_arguments, print_note
+from .experiments.qa_command import add_comparison_argument, add_qa_parser, add_starts_arguments, print_note
 
 __all__ = ["main"]
 
@@ -324,13 +324,11 @@ def _babi_arguments(babi: argparse.ArgumentParser) -> None:
     babi.add_argument("--lr", type=_positive_float, default=None,
                       help=f"SVI learning rate (default: {defaults.BABI_SVI['lr']})")
     babi.add_argument("--batch-size", type=_positive_int, default=None, help="questions per SVI step (default: all)")
-    babi.add_argument("--comparison", action="store_true",
-                      help="facts encoding: yes / no / maybe answers from comparisons of question tokens with the "
-                      "attended fact's fields (the emission's comparison component; default: off)")
+    add_comparison_argument(babi)
     babi.add_argument("--memory", type=_positive_int, default=defaults.BABI_MEMORY,
                       help=f"statements kept before each question (default: {defaults.BABI_MEMORY})")
     babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")
-    add_starts_arguments(babi, _positive_int)
+    add_starts_arguments(babi, _positive_int, facts=True)
     babi.add_argument("--sigma2", type=_positive_float, default=defaults.BABI_SIGMA2,
                       help=f"gate variance of the chained head (--encoding positions) (default: {defaults.BABI_SIGMA2})")
     babi.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -424,7 +422,7 @@ def _babi(args) -> int:
         args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops, method=args.method,
         steps=args.steps, lr=args.lr, batch_size=args.batch_size, memory=args.memory, sigma2=args.sigma2,
         seed=args.seed, max_train=args.max_train, progress=not args.no_progress, overwrite=args.overwrite,
-        starts=args.starts, processes=args.processes, log=print_note,
+        starts=args.starts or defaults.STARTS, processes=args.processes, log=print_note,
     )
     print(json.dumps(results))
     return 0

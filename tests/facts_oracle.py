@@ -102,6 +102,14 @@ def _on_symbols(probs, p):
     return torch.zeros(len(p["copy_by_symbol"]), dtype=probs.dtype).index_put((answers,), probs)
 
 
+def copy_logit(p, obs, row, a, symbol):
+    """The log weight of copying ``symbol`` from field ``a``, from its definition: its symbol's weight, whether the
+    question names it, and the mean over the real question tokens of their weight for field ``a``."""
+    question = [int(obs.question[row, m]) for m in range(obs.question_len) if bool(obs.real_tokens()[row, m])]
+    asked = sum(p["copy_by_question"][q, a] for q in question) / len(question)
+    return p["copy_by_symbol"][symbol] + p["copy_question_equality"][a] * float(symbol in question) + asked
+
+
 def emission(p, obs, row, i):
     """``(S,)`` ``log p(target | fact i)`` from the mixture's definition."""
     fi = real_field_symbols(obs, row, i)
@@ -109,11 +117,11 @@ def emission(p, obs, row, i):
     mix = torch.softmax(p["emission_mix"], 0)
     S = len(p["copy_by_symbol"])
     probs = 0.0
+    copies = {a: mix[F + a] * torch.exp(copy_logit(p, obs, row, a, symbol)) for a, symbol in fi.items()}
     for a, symbol in fi.items():
-        copy = mix[F + a] * torch.exp(p["copy_by_symbol"][symbol])
         table = _on_symbols(torch.softmax(p["emission_tables"][a, symbol], 0), p)
-        probs = probs + mix[a] * table + copy * torch.eye(S, dtype=torch.float64)[symbol]
-    norm = sum(mix[a] + mix[F + a] * torch.exp(p["copy_by_symbol"][symbol]) for a, symbol in fi.items())
+        probs = probs + mix[a] * table + copies[a] * torch.eye(S, dtype=torch.float64)[symbol]
+    norm = sum(mix[a] + copies[a] for a in fi)
     gate, compared = comparison(p, obs, row, i)
     probs = probs + mix[2 * F] * gate * compared
     norm = norm + mix[2 * F] * gate

@@ -485,7 +485,9 @@ def test_train_starts_records_every_start_and_prints_why_a_run_is_stuck(task, tm
 
 
 def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
-    """``--starts`` of train, qa and babi shows and uses command_defaults.STARTS, read when the parser is built."""
+    """``--starts`` of train shows and uses command_defaults.STARTS, read when the parser is built; qa and babi
+    (the facts head) leave it to the run (None) and show both of their defaults: COMPARISON_STARTS where the
+    comparison is on, STARTS else (what run_qa picks is tests/experiments/test_qa_command.py's)."""
     from pyro_multihop.cli import build_parser
     from pyro_multihop.experiments import command_defaults
 
@@ -493,8 +495,11 @@ def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
               "qa": ["--train", "a.jsonl", "--test", "b.jsonl", "--hops", "1", "--out", "o"]}
     for value in (command_defaults.STARTS, 3):
         monkeypatch.setattr(command_defaults, "STARTS", value)
+        monkeypatch.setattr(command_defaults, "COMPARISON_STARTS", value + 4)
         for command, argv in needed.items():
-            assert build_parser().parse_args([command, *argv]).starts == value
+            assert build_parser().parse_args([command, *argv]).starts == (value if command == "train" else None)
             assert main([command, "--help"]) == 0
             text = " ".join(capsys.readouterr().out.split())
-            assert f"(default: {value}, one plain fit; docs/svi.md)" in text, command
+            shown = f"{value}, one plain fit" if command == "train" else \
+                f"{value + 4} where the comparison is on (start 1 without it), else {value}"
+            assert f"(default: {shown}; docs/svi.md)" in text, command

@@ -16,7 +16,8 @@ module importing torch holds; the command passes them explicitly (so its help sa
 from __future__ import annotations
 
 __all__ = ["TABLE_SUFFIXES", "FACTS_SUFFIX", "TRAIN_MODELS", "TRAIN_SIGMA2", "TRAIN_EM_ITERATIONS", "BABI_SVI",
-           "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2", "STARTS"]
+           "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2", "STARTS",
+           "COMPARISON_STARTS"]
 
 #: Suffixes of table data files (columns query, target, key_0.., value_0..): what ``simulate`` writes, ``train``
 #: reads, and a ``train`` checkpoint is applied to.
@@ -52,3 +53,7 @@ BABI_SIGMA2 = 0.1
 #: ``--starts K`` of ``train``, ``qa`` and ``babi`` when not given: SVI starts, the one with the best held-out
 #: log-likelihood kept (``fit_svi(starts=K)``, docs/svi.md "Several starts"). 1: one plain fit. EM fits one start.
 STARTS = 1
+
+#: ``--starts`` of ``qa`` and ``babi`` (the facts head) when not given and the emission's comparison is on: start 0
+#: with it, start 1 without it (``FactAttention.start_variant``), the better by held-out log-likelihood kept.
+COMPARISON_STARTS = 2

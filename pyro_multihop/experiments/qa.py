@@ -13,7 +13,8 @@ score), and writes into ``OUT`` (the command's options: :mod:`pyro_multihop.expe
   ``n_train``, ``n_test``, ``hops``, ``seconds`` (training, added up over resumed parts),
   ``log_likelihood`` (test, mean per question), ``hop_fact_accuracy``, how many training and test answers
   occur in no fact of their question (``train_answers_outside_facts``, ``test_answers_outside_facts``),
-  ``diagnostics`` (the fit's findings and the hop diagnostics on the test questions) and, with ``starts`` > 1,
+  ``comparison`` (whether the emission's comparison component was on: by default where some training answer
+  occurs in no fact, with a second start without it), ``diagnostics`` (the fit's findings and the hop diagnostics on the test questions) and, with ``starts`` > 1,
   ``starts`` (every start's record, the kept one marked): :mod:`pyro_multihop.experiments.fit_findings`;
 - ``predictions.jsonl``: one line per test question, in order (:func:`predict_qa`): its ``id``, ``question``,
   the most probable ``answer`` and ``answer_prob``, ``facts`` (the fact index of each hop of the most probable
@@ -68,9 +69,11 @@ from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
 from ..plots import plot_fact_posteriors
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
+from . import command_defaults
 from .fit_findings import hop_findings, recorded_fit, report_findings
 
 __all__ = [
+    "comparison_wanted",
     "facts_head",
     "HeadMemoryError",
     "head_memory_bytes",
@@ -300,13 +303,21 @@ def _report(log: Optional[Callable[[str], None]], message: Optional[str]) -> Non
             warnings.warn(message, AnswerNotInFactsWarning, stacklevel=3)
 
 
+def comparison_wanted(train_records: Sequence[QARecord]) -> bool:
+    """Whether :func:`run_qa` turns the emission's comparison on by default: where some training answer occurs in
+    no fact of its question, only a learnt part of the emission can give it, and a yes / no / maybe answer needs
+    the comparison. Where every answer is in a fact (a knowledge base's entities) it stays off, and one start is
+    fitted. Nothing here reads a word: the rule is the data's."""
+    return bool(answers_outside_facts(train_records))
+
+
 def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], n_hops: Optional[int] = None,
            out=None, *, seed: int = 0,
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
            overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
            log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None,
-           embed_dim: Optional[int] = None, starts: int = 1, processes: Optional[int] = None,
-           comparison: bool = False) -> dict:
+           embed_dim: Optional[int] = None, starts: Optional[int] = None, processes: Optional[int] = None,
+           comparison: Optional[bool] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
@@ -318,8 +329,12 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     :class:`~pyro_multihop.diagnostics.DiagnosticWarning` s). ``starts``, ``processes``: as :func:`train_qa`.
     The head is sized by the training questions (a longer test question shares the last question position)
     after :func:`check_head_memory`; ``embed_dim``: symbol embeddings of that dimension in place of its
-    ``S x S`` tables (:func:`facts_head`); ``comparison``: the emission's comparison component on. ``hops``:
-    the old name of ``n_hops``, deprecated."""
+    ``S x S`` tables (:func:`facts_head`); ``comparison``: the emission's comparison component on (True), off
+    (False) or, by default (None), on where some training answer occurs in no fact of its question (a yes / no
+    answer; :func:`comparison_wanted`). ``starts`` by default: :data:`~.command_defaults.COMPARISON_STARTS` where
+    the comparison is on (start 1 is the emission without it, ``FactAttention.start_variant``, so the held-out
+    log-likelihood chooses whether the comparison stays), else 1. ``hops``: the old name of ``n_hops``,
+    deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if out is None:
         raise TypeError("run_qa() missing required argument: 'out'")
@@ -331,6 +346,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     # An embedded head's learnt emission gives the training answers alone: its cost grows with them, not with S
     # (a table can learn no other answer; any other comes from a copy).
     answers = torch.unique(train.obs.target).tolist() if embed_dim is not None else None
+    comparison = comparison_wanted(train_records) if comparison is None else bool(comparison)
+    if starts is None:
+        starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
                       answer_symbols=answers)
     test.require_answers("evaluating the test questions")
@@ -356,6 +374,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "hop_fact_accuracy": scores["hop_fact_accuracy"],
         "train_answers_outside_facts": len(answers_outside_facts(train_records)),
         "test_answers_outside_facts": len(answers_outside_facts(test_records)),
+        "comparison": head.comparison,
         **findings,
         **(extra or {}),
     }

@@ -4,13 +4,14 @@ and its entry point, which runs :func:`pyro_multihop.experiments.qa.run_qa`; and
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 from . import command_defaults
 
-__all__ = ["add_qa_parser", "add_starts_arguments", "qa_command", "babi_facts_command", "print_note"]
+__all__ = ["add_qa_parser", "add_comparison_argument", "add_starts_arguments", "qa_command", "babi_facts_command", "print_note"]
 
 
 def print_note(line: str) -> None:
@@ -40,16 +41,14 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     qa.add_argument("--embed-dim", type=positive_int, default=None, metavar="D",
                     help="symbol embeddings of D dimensions in place of the S x S tables: memory O(S D), for large "
                     "vocabularies (default: the tables)")
-    qa.add_argument("--comparison", action="store_true",
-                    help="yes / no / maybe answers from comparisons of question tokens with the attended fact's fields "
-                    "(the emission's comparison component; default: off)")
+    add_comparison_argument(qa)
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
     qa.add_argument("--batch-size", type=positive_int, default=None, help="questions per SVI step (default: the head's)")
     qa.add_argument("--valid-fraction", type=fraction, default=None,
                     help="hold out this share of the training questions to watch the held-out log-likelihood")
-    add_starts_arguments(qa, positive_int)
+    add_starts_arguments(qa, positive_int, facts=True)
     qa.add_argument("--figure-rows", type=positive_int, default=3, help="test questions drawn in the figure (default: 3)")
     qa.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     qa.add_argument("--overwrite", action="store_true", help="replace the run in --out if it holds a checkpoint")
@@ -57,15 +56,27 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     return qa
 
 
-def add_starts_arguments(command, positive_int=int) -> None:
+def add_comparison_argument(command) -> None:
+    """``--comparison`` / ``--no-comparison`` of ``qa`` and ``babi`` (the facts head's emission comparison)."""
+    command.add_argument("--comparison", action=argparse.BooleanOptionalAction, default=None,
+                         help="yes / no / maybe answers from comparisons of question tokens with the attended fact's "
+                         "fields (the emission's comparison component); default: on where some training answer "
+                         "occurs in no fact of its question, with a second start without it (--starts), the one "
+                         "with the better held-out log-likelihood kept")
+
+
+def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None:
     """``--starts`` and ``--processes`` (SVI's several starts, ``fit_svi(starts=K, processes=P)``) on ``command``:
-    ``qa``, ``babi`` and ``train`` take them alike."""
+    ``qa``, ``babi`` and ``train`` take them alike; ``facts``: the default is the facts head's (None: 2 where its
+    comparison is on, the second start without it, else 1)."""
     starts = command_defaults.STARTS
-    command.add_argument("--starts", type=positive_int, default=starts,
-                         help="fit this many SVI starts (start 0 the plain fit, the others perturbed) and keep the one "
-                         "with the best held-out log-likelihood (on the held-out data given, --val or --valid-fraction, "
-                         "else a tenth of the training data); every start is recorded in the results; SVI only "
-                         f"(default: {starts}, one plain fit; docs/svi.md)")
+    default = (f"{command_defaults.COMPARISON_STARTS} where the comparison is on (start 1 without it), else {starts}"
+               if facts else f"{starts}, one plain fit")
+    command.add_argument("--starts", type=positive_int, default=None if facts else starts,
+                         help="fit this many SVI starts (start 0 the plain fit, the others perturbed or the head's "
+                         "own) and keep the one with the best held-out log-likelihood (on the held-out data given, "
+                         "--val or --valid-fraction, else a tenth of the training data); every start is recorded in "
+                         f"the results; SVI only (default: {default}; docs/svi.md)")
     command.add_argument("--processes", type=positive_int, default=None,
                          help="with --starts: processes that fit starts at once (default: one per start up to the "
                          "usable cores; 1 on a GPU)")

@@ -12,7 +12,7 @@ from ..engine.log_space import MASKED_LOGIT
 from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
 
-__all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "PARAMETER_SHAPES", "parameter_shapes", "parameter_elements", "shape_of",
+__all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS", "parameter_shapes", "parameter_elements", "shape_of",
            "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
@@ -47,7 +47,13 @@ PARAMETER_SHAPES = {
     "emission_mix": "(2 F + 1,)",
     "copy_by_symbol": "(S,)",
     **comparison.COMPARISON_SHAPES,
+    "copy_question_equality": "(F,)",
+    "copy_by_question": "(S, F)",
 }
+
+#: The copy's question terms, added after checkpoints were first written: a checkpoint without them loads with
+#: them at 0, where the head is exactly the one it was trained as (:meth:`FactAttention.state_from_checkpoint`).
+COPY_QUESTION_TERMS = ("copy_question_equality", "copy_by_question")
 
 
 def parameter_shapes(embed_dim: Optional[int] = None, embedding_posterior: str = "point") -> dict:

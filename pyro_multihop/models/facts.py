@@ -36,13 +36,15 @@ mixes, over the real fields ``a`` of the last fact, a learned table and a copy, 
 tokens with the fact's fields (:mod:`.fact_comparison`)::
 
     p(t | fact i) ∝ sum_a [real field a of i] (mix[0, a] softmax(emission_tables[a][f_i^a])[t]
-                                              + mix[1, a] exp(copy_by_symbol[f_i^a]) [t == f_i^a])
+                                              + mix[1, a] exp(copy_logit(i, a)) [t == f_i^a])
                     + mix[2 F] exp(sum_a compare_by_symbol[f_i^a]) p_compare(t | i)
     p_compare(t | i) = softmax_t(compare_bias[t] + sum_b match_b(i) compare_logits[b, t]),
     match_b(i) = sum_m w_E[m] [q_m == f_i^b],   w_E = softmax_m(compare_choice[q_m] + compare_position[min(m, P)])
 
 with ``mix = softmax(emission_mix)`` over the ``2 F + 1`` components: how much a field's copy weighs depends on
-the symbol it would copy (a place, not a time word), how much the comparison weighs on the fact's symbols.
+the symbol it would copy (a place, not a time word) and on the question (whether the question names that symbol,
+which field its words ask for: ``copy_logit`` in :mod:`.fact_copy`), how much the comparison weighs on the fact's
+symbols.
 The comparison answers from whether the question's chosen token equals a field (yes / no / maybe, in
 whatever symbols), so it needs no word list and carries over to symbols never seen. Every term depends on the previous hop
 only through its fact ``i``, so the hop latents form a Markov chain over facts: the likelihood, marginals,
@@ -80,10 +82,11 @@ from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
+from . import fact_copy
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, PARAMETER_SHAPES, answer_symbols_tensor,
-                              initial_value, mix_logits, parameter_elements, parameter_shapes, shape_of)
+from .fact_parameters import (COPY_QUESTION_TERMS, EQUALITY_START, EQUALITY_WEIGHTS, PARAMETER_SHAPES,
+                              answer_symbols_tensor, initial_value, mix_logits, parameter_elements, parameter_shapes, shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL"]
@@ -197,6 +200,16 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
                 value = torch.zeros(shape, dtype=dtype)
             self._set_parameter(name, value, initial_scale)
 
+    def start_variant(self, start: int) -> Optional[str]:
+        """Start 1 of ``fit_svi(starts=K)`` for a head with the comparison on: the emission without it (its mixture
+        logit at ``MASKED_LOGIT``, weight and gradient exactly 0), set in place, so that the held-out likelihood
+        chooses between the two (the comparison can answer before the hops have found their facts: bAbI task
+        15, docs/babi.md); its description, or None (no such start: the fit perturbs it)."""
+        if start != 1 or not self._comparison_weighs():
+            return None
+        self.emission_mix[-1] = MASKED_LOGIT
+        return "the emission without its comparison component"
+
     def config(self) -> dict:
         """The constructor's arguments; ``embed_dim`` only for an embedded head, ``comparison`` only where it is on
         (a checkpoint of either kind written before ``revisit`` loads through :meth:`config_from_checkpoint`)."""
@@ -214,6 +227,21 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         """A checkpoint's configuration as this release reads it: one written before ``revisit`` existed was
         trained with revisits allowed, so it loads with ``revisit=True``."""
         return config if "revisit" in config else {**config, "revisit": True}
+
+    @staticmethod
+    def state_from_checkpoint(state_dict: dict) -> dict:
+        """A checkpoint's parameters as this release reads them: one written before the copy had its question
+        terms (:data:`~.fact_parameters.COPY_QUESTION_TERMS`) gets them at 0, the head it was trained as. Their
+        shapes come from the state dict's own ``emission_mix`` (``2 F + 1``) and ``copy_by_symbol`` (``S``)."""
+        if "emission_mix" not in state_dict or "copy_by_symbol" not in state_dict or \
+                any(name in state_dict for name in COPY_QUESTION_TERMS):
+            return state_dict
+        mix, by_symbol = state_dict["emission_mix"], state_dict["copy_by_symbol"]
+        if not isinstance(mix, torch.Tensor) or not isinstance(by_symbol, torch.Tensor):
+            return state_dict
+        F = (mix.numel() - 1) // 2
+        return {**state_dict, "copy_question_equality": by_symbol.new_zeros(F),
+                "copy_by_question": by_symbol.new_zeros(by_symbol.numel(), F)}
 
     def kind(self) -> str:
         """Which parameters this head has, in words: its ``S x S`` tables or its symbol embeddings."""
@@ -241,7 +269,7 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol`` (a Gaussian prior of precision ``n * 3e-2``). Adam steps every table entry as far as
+        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question`` (a Gaussian prior of precision ``n * 3e-2``). Adam steps every table entry as far as
         a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
         weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
         the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
@@ -262,6 +290,7 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
                      **{name: 3e-2 for name in tables[2:]}}
+        decay["copy_by_question"] = 1e-2  # measured on bAbI: docs/facts.md, the copy's question terms
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 
     # -- validation -----------------------------------------------------------------------------------------
@@ -450,7 +479,8 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         F = self.num_fields
         real = chunk.real_fields  # (c, N, F)
         mix = self.emission_mix.log_softmax(-1)
-        copy_logits = padded(self.copy_by_symbol, 1)[chunk.fields]  # (c, N, F), padded fields 0
+        copy_logits = fact_copy.copy_logits(chunk, self.copy_by_symbol, self.copy_question_equality,
+                                            self.copy_by_question)  # (c, N, F)
         compare_logits = padded(self.compare_by_symbol, 1)[chunk.fields].sum(-1, keepdim=True)  # (c, N, 1)
         logits = torch.cat([mix[:F] + torch.zeros_like(copy_logits), mix[F:2 * F] + copy_logits], -1)
         logits = torch.cat([logits.masked_fill(~real.repeat(1, 1, 2), MASKED_LOGIT), mix[2 * F] + compare_logits], -1)

@@ -9,6 +9,10 @@ best of 10 runs by validation error). Here:
   exactly :func:`~pyro_multihop.fit_svi`; start ``k >= 1`` adds ``N(0, init_scale^2)`` to every parameter
   of ``model.named_parameters()`` (Pyro's unconstrained ones for constrained parameters), drawn by a
   generator seeded with :func:`start_seed` ``(seed, k)``, which also seeds its run;
+- a head may offer starts of its own in place of perturbed ones: where ``model.start_variant(k)`` sets the
+  parameters for start ``k`` and returns what it did (a short text), that start is not perturbed (the
+  structured-facts head's start 1 is its emission without the comparison component, so that two starts
+  choose between the two emissions by held-out likelihood); it returns None where it has no start ``k``;
 - every start trains on the same rows and is scored on the same held-out rows: the caller's ``val``, or a
   share of ``obs`` held out by :func:`~pyro_multihop.train.validation.split_validation` (``val_fraction``,
   default :data:`STARTS_VAL_FRACTION`), never a test set;
@@ -87,7 +91,7 @@ def start_path(path, start: int) -> Optional[Path]:
 
 @dataclass
 class StartResult:
-    """What one start returns: its record (``start``, ``seed``, ``train_log_likelihood``,
+    """What one start returns: its record (``start``, ``seed``, ``start_from`` (in words), ``train_log_likelihood``,
     ``val_log_likelihood``, ``val_accuracy``, ``divergences``, ``diagnostics`` (kinds), ``kept``), its final
     parameters (a CPU ``state_dict``), its metrics frame and the warnings its fit issued."""
 
@@ -109,7 +113,10 @@ def fit_one_start(model, initial_state: dict, train, val, start: int, seed: int,
     Its warnings are caught and returned, so that only the kept start's reach the caller."""
     model.load_state_dict(initial_state)
     own_seed = start_seed(seed, start)
-    if start > 0:
+    variant = getattr(model, "start_variant", None)
+    with torch.no_grad():
+        variant = None if variant is None else variant(start)
+    if start > 0 and variant is None:
         perturb_parameters(model, init_scale, own_seed)
     kwargs = dict(fit_kwargs)
     kwargs["checkpoint"] = start_path(kwargs.get("checkpoint"), start)
@@ -122,6 +129,7 @@ def fit_one_start(model, initial_state: dict, train, val, start: int, seed: int,
     record = {
         "start": start,
         "seed": own_seed,
+        "start_from": variant or ("the head's own start" if start == 0 else f"perturbed (init_scale {init_scale:g})"),
         "train_log_likelihood": _finite_or_none(fitted["log_likelihood"]),
         "val_log_likelihood": _finite_or_none(held_out["log_likelihood"]),
         "val_accuracy": _finite_or_none(held_out["accuracy"]),

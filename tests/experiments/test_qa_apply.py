@@ -227,13 +227,18 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
     assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "1", "--steps", "1", "--out",
                  str(tmp_path / "command"), "--no-progress"]) == 0
     notes = capsys.readouterr().err.strip().splitlines()
-    # Then the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
-    diagnostics = json.loads((tmp_path / "command" / "results.json").read_text())["diagnostics"]
-    assert notes == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question ({train}:1, "
-                     f"{train}:2): only the emission table can learn them (a copy cannot produce them)",
-                     f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
-                     f"{test}:2): a copy cannot produce them, only the learnt emission table, and only answers seen "
-                     "in training"] + [f"pyro-multihop: {diagnostic_line(record)}" for record in diagnostics]
+    # Answers outside the facts turn the emission's comparison on, with a second start without it: then the
+    # note of the kept start and the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
+    results = json.loads((tmp_path / "command" / "results.json").read_text())
+    assert results["comparison"] and [start["start_from"] for start in results["starts"]] == \
+        ["the head's own start", "the emission without its comparison component"]
+    assert notes[:2] == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question "
+                         f"({train}:1, {train}:2): only the emission table can learn them (a copy cannot produce them)",
+                         f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
+                         f"{test}:2): a copy cannot produce them, only the learnt emission table, and only answers "
+                         "seen in training"]
+    assert notes[2].startswith("pyro-multihop: note: 2 starts, kept start ")
+    assert notes[3:] == [f"pyro-multihop: {diagnostic_line(record)}" for record in results["diagnostics"]]
 
 
 # -- the commands evaluate, predict, paths and inspect on facts files ---------------------------------------

@@ -150,10 +150,15 @@ def test_babi_command_runs_the_facts_head_by_default(tmp_path, capsys):
 
 
 def test_qa_comparison_flag_turns_the_emission_comparison_on(family_files, tmp_path):
+    """Every answer of these files is in a fact of its question: by default the comparison stays off (one start);
+    --comparison turns it on (with a second start without it), --no-comparison keeps it off."""
     train_path, test_path = family_files
-    for flag, expected in (([], False), (["--comparison"], True)):
-        out = tmp_path / f"run{len(flag)}"
+    for flag, expected in (([], False), (["--comparison"], True), (["--no-comparison"], False)):
+        out = tmp_path / f"run{len(flag)}{flag[0] if flag else ''}"
         assert main(["qa", "--train", str(train_path), "--test", str(test_path), "--hops", "2", "--steps", "1",
                      "--out", str(out), "--no-progress", *flag]) == 0
         head = load_checkpoint(out / "checkpoint.pt")[0]
-        assert head.comparison is expected and (float(head.emission_mix.softmax(-1)[-1]) > 0) is expected
+        results = json.loads((out / "results.json").read_text())
+        assert head.comparison is expected and results["comparison"] is expected
+        assert len(results.get("starts", [None])) == (2 if expected else 1)
+        assert (float(head.emission_mix.detach().softmax(-1)[-1]) > 0) is (expected and results["starts"][0]["kept"])

@@ -99,8 +99,9 @@ def test_the_best_held_out_start_is_kept_and_every_start_is_recorded(obs, three)
     records = metrics.attrs["starts"]
     assert [r["start"] for r in records] == [0, 1, 2]
     assert [r["seed"] for r in records] == [start_seed(0, k) for k in range(3)]
-    assert set(records[0]) == {"start", "seed", "train_log_likelihood", "val_log_likelihood", "val_accuracy",
-                               "divergences", "diagnostics", "kept"}
+    assert set(records[0]) == {"start", "seed", "start_from", "train_log_likelihood", "val_log_likelihood",
+                               "val_accuracy", "divergences", "diagnostics", "kept"}
+    assert records[0]["start_from"] == "the head's own start" and records[1]["start_from"].startswith("perturbed")
     values = [r["val_log_likelihood"] for r in records]
     assert len(set(values)) == 3  # the starts differ
     kept = max(range(3), key=values.__getitem__)
@@ -140,6 +141,24 @@ def test_seeds_change_nothing_for_a_zero_initialised_head_and_starts_do():
     assert same_params(*fits)
     metrics = quiet_fit(head(), obs, starts=3, processes=1)
     assert len({r["val_log_likelihood"] for r in metrics.attrs["starts"]}) == 3
+
+
+def test_a_head_s_own_start_variant_is_fitted_unperturbed_and_recorded():
+    """The facts head with its comparison on offers start 1: its emission without the comparison. That start is
+    the plain fit of a head built with the comparison off (same rows, not perturbed), and start 2 is perturbed."""
+    obs = fact_chain_task(60, num_facts=4, seed=0)
+    with_comparison = FactAttention(2, 3, 68, max_question_len=3, comparison=True)
+    metrics = quiet_fit(with_comparison, obs, starts=3, processes=1)
+    records = metrics.attrs["starts"]
+    assert records[1]["start_from"] == "the emission without its comparison component"
+    assert records[2]["start_from"].startswith("perturbed")
+    without = FactAttention(2, 3, 68, max_question_len=3)
+    train, val = split_validation(obs, STARTS_VAL_FRACTION, seed=0)
+    quiet_fit(without, train, val=val, seed=start_seed(0, 1))
+    assert records[1]["val_log_likelihood"] == pytest.approx(without.evaluate(val)["log_likelihood"], abs=1e-9)
+    assert records[0]["val_log_likelihood"] != pytest.approx(records[1]["val_log_likelihood"], abs=1e-6)
+    # a head without the comparison has no such start: its start 1 is perturbed
+    assert without.start_variant(1) is None and with_comparison.start_variant(0) is None
 
 
 def test_seeded_starts_are_reproducible_and_equal_in_processes(obs, three):
