@@ -16,7 +16,8 @@ pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ["01_exact_em_vs_svi", "02_hop_paths", "03_tied_embeddings_posterior", "04_babi", "05_own_facts"]
+NOTEBOOKS = ["01_exact_em_vs_svi", "02_hop_paths", "03_tied_embeddings_posterior", "04_babi", "05_own_facts",
+             "06_yes_no_maybe"]
 
 
 def _runner():
