@@ -1,6 +1,6 @@
 """bAbI statements as facts of fields: the generic rule (every token kept, in order), supporting facts as fact
-indices, and invariance under relabelling every word, of the encoding on the nine shipped tasks and of
-training on two of them."""
+indices, and invariance under relabelling every word, of the encoding on the nine first-filed tasks (of the ten
+shipped) and of training on two of them."""
 
 import random
 import re
