@@ -82,11 +82,11 @@ from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
-from . import fact_copy
+from . import fact_checkpoints, fact_copy
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (COPY_QUESTION_TERMS, EQUALITY_START, EQUALITY_WEIGHTS, PARAMETER_SHAPES,
-                              answer_symbols_tensor, initial_value, mix_logits, parameter_elements, parameter_shapes, shape_of)
+from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, PARAMETER_SHAPES, answer_symbols_tensor,
+                              initial_value, mix_logits, parameter_elements, parameter_shapes, shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL"]
@@ -222,26 +222,9 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         config = {**config, **self._posterior_config()}
         return {**config, "comparison": True} if self.comparison else config
 
-    @staticmethod
-    def config_from_checkpoint(config: dict) -> dict:
-        """A checkpoint's configuration as this release reads it: one written before ``revisit`` existed was
-        trained with revisits allowed, so it loads with ``revisit=True``."""
-        return config if "revisit" in config else {**config, "revisit": True}
-
-    @staticmethod
-    def state_from_checkpoint(state_dict: dict) -> dict:
-        """A checkpoint's parameters as this release reads them: one written before the copy had its question
-        terms (:data:`~.fact_parameters.COPY_QUESTION_TERMS`) gets them at 0, the head it was trained as. Their
-        shapes come from the state dict's own ``emission_mix`` (``2 F + 1``) and ``copy_by_symbol`` (``S``)."""
-        if "emission_mix" not in state_dict or "copy_by_symbol" not in state_dict or \
-                any(name in state_dict for name in COPY_QUESTION_TERMS):
-            return state_dict
-        mix, by_symbol = state_dict["emission_mix"], state_dict["copy_by_symbol"]
-        if not isinstance(mix, torch.Tensor) or not isinstance(by_symbol, torch.Tensor):
-            return state_dict
-        F = (mix.numel() - 1) // 2
-        return {**state_dict, "copy_question_equality": by_symbol.new_zeros(F),
-                "copy_by_question": by_symbol.new_zeros(by_symbol.numel(), F)}
+    # what a checkpoint written by an earlier release means, and why one of the other kind cannot load
+    config_from_checkpoint = staticmethod(fact_checkpoints.config_from_checkpoint)
+    state_from_checkpoint = staticmethod(fact_checkpoints.state_from_checkpoint)
 
     def kind(self) -> str:
         """Which parameters this head has, in words: its ``S x S`` tables or its symbol embeddings."""
@@ -249,22 +232,9 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
             f"an embedded head (embed_dim={self.embed_dim}: symbol embeddings)"
 
     def checkpoint_mismatch(self, config: dict, state_dict: dict) -> Optional[str]:
-        """Why a checkpoint's parameters cannot load into this head when one holds the tables and the other the
-        symbol embeddings, or when it was written before the emission's comparison component (an ``emission_mix``
-        of ``2 F`` entries, no ``compare_*`` parameters), read from the state dict's names, with what to do; None
-        otherwise."""
-        theirs = "symbol_embedding" in state_dict or "embedding_guide.loc" in state_dict
-        if theirs == (self.embed_dim is not None) or not ("question_tables" in state_dict or theirs):
-            if "emission_mix" in state_dict and not any(name in state_dict for name in comparison.COMPARISON_SHAPES):
-                return ("the checkpoint was written before FactAttention's emission had its comparison component "
-                        f"(emission_mix of 2 F = {2 * self.num_fields} entries, no {', '.join(comparison.COMPARISON_SHAPES)}): "
-                        "its parameters do not fit this head; train a new run")
-            return None
-        stored = f"an embedded head (embed_dim={config.get('embed_dim')})" if theirs else "a table head (embed_dim=None)"
-        build = f"embed_dim={config.get('embed_dim')} (pyro-multihop qa --embed-dim {config.get('embed_dim')})" \
-            if theirs else "embed_dim=None (pyro-multihop qa without --embed-dim)"
-        return (f"the checkpoint holds the parameters of {stored} but the model is {self.kind()}: the two kinds "
-                f"share no S x S tables or embeddings; build the model with {build} to load it, or train a new run")
+        """Why a checkpoint's parameters cannot load into this head, with what to do; None if they can
+        (:func:`.fact_checkpoints.checkpoint_mismatch`)."""
+        return fact_checkpoints.checkpoint_mismatch(self, config, state_dict)
 
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1

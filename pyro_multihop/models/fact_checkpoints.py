@@ -1,0 +1,64 @@
+"""What a checkpoint of the structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) written by
+an earlier release means today, and why a checkpoint of the other kind cannot load.
+
+:func:`~pyro_multihop.checkpoint.load_checkpoint` asks the head's class for these hooks:
+
+- :func:`config_from_checkpoint`: the configuration as this release's constructor reads it (an argument added
+  later whose default differs from how older checkpoints were trained);
+- :func:`state_from_checkpoint`: the parameters as this release reads them (a parameter added later whose value
+  0 gives the head an older checkpoint was trained as);
+- :func:`checkpoint_mismatch`: why a state dict cannot load into a head (tables into an embedded head or back,
+  or an emission from before its comparison component), with what to do.
+
+Nothing loads half: a checkpoint either loads as the head it was trained as, or is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .fact_comparison import COMPARISON_SHAPES
+from .fact_parameters import COPY_QUESTION_TERMS
+
+__all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
+
+
+def config_from_checkpoint(config: dict) -> dict:
+    """A checkpoint written before ``revisit`` existed was trained with revisits allowed: it loads with
+    ``revisit=True``."""
+    return config if "revisit" in config else {**config, "revisit": True}
+
+
+def state_from_checkpoint(state_dict: dict) -> dict:
+    """A checkpoint written before the copy had its question terms (:data:`~.fact_parameters.COPY_QUESTION_TERMS`)
+    gets them at 0, the head it was trained as. Their shapes come from the state dict's own ``emission_mix``
+    (``2 F + 1``) and ``copy_by_symbol`` (``S``)."""
+    if "emission_mix" not in state_dict or "copy_by_symbol" not in state_dict or \
+            any(name in state_dict for name in COPY_QUESTION_TERMS):
+        return state_dict
+    mix, by_symbol = state_dict["emission_mix"], state_dict["copy_by_symbol"]
+    if not isinstance(mix, torch.Tensor) or not isinstance(by_symbol, torch.Tensor):
+        return state_dict
+    F = (mix.numel() - 1) // 2
+    return {**state_dict, "copy_question_equality": by_symbol.new_zeros(F),
+            "copy_by_question": by_symbol.new_zeros(by_symbol.numel(), F)}
+
+
+def checkpoint_mismatch(head, config: dict, state_dict: dict) -> Optional[str]:
+    """Why a checkpoint's parameters cannot load into ``head`` when one holds the tables and the other the symbol
+    embeddings, or when it was written before the emission's comparison component (an ``emission_mix`` of ``2 F``
+    entries, no ``compare_*`` parameters), read from the state dict's names, with what to do; None otherwise."""
+    theirs = "symbol_embedding" in state_dict or "embedding_guide.loc" in state_dict
+    if theirs == (head.embed_dim is not None) or not ("question_tables" in state_dict or theirs):
+        if "emission_mix" in state_dict and not any(name in state_dict for name in COMPARISON_SHAPES):
+            return ("the checkpoint was written before FactAttention's emission had its comparison component "
+                    f"(emission_mix of 2 F = {2 * head.num_fields} entries, no {', '.join(COMPARISON_SHAPES)}): "
+                    "its parameters do not fit this head; train a new run")
+        return None
+    stored = f"an embedded head (embed_dim={config.get('embed_dim')})" if theirs else "a table head (embed_dim=None)"
+    build = f"embed_dim={config.get('embed_dim')} (pyro-multihop qa --embed-dim {config.get('embed_dim')})" \
+        if theirs else "embed_dim=None (pyro-multihop qa without --embed-dim)"
+    return (f"the checkpoint holds the parameters of {stored} but the model is {head.kind()}: the two kinds "
+            f"share no S x S tables or embeddings; build the model with {build} to load it, or train a new run")
