@@ -346,7 +346,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     # An embedded head's learnt emission gives the training answers alone: its cost grows with them, not with S
     # (a table can learn no other answer; any other comes from a copy).
     answers = torch.unique(train.obs.target).tolist() if embed_dim is not None else None
-    comparison = comparison_wanted(train_records) if comparison is None else bool(comparison)
+    chosen = comparison is None
+    comparison = comparison_wanted(train_records) if chosen else bool(comparison)
     if starts is None:
         starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
@@ -354,6 +355,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))
     _report(log, answers_outside_facts_message(test_records, "test"))
+    if chosen and comparison and log is not None:
+        log(f"note: the emission's comparison is on, since some training answers occur in no fact; {starts} starts, "
+            "start 1 without it, the better held-out log-likelihood kept (--no-comparison: off)")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,
