@@ -40,11 +40,12 @@ def starts_line(starts: Optional[Sequence[dict]]) -> Optional[str]:
     start's held-out log-likelihood; None without starts."""
     if not starts:
         return None
-    kept = next(record["start"] for record in starts if record["kept"])
-    start_from = next(record.get("start_from") for record in starts if record["kept"])
+    kept_record = next(record for record in starts if record["kept"])
+    kept = kept_record["start"]
+    if kept_record.get("start_from"):
+        kept = f"{kept} ({kept_record['start_from']})"
     values = ", ".join("n/a" if record["val_log_likelihood"] is None or not math.isfinite(record["val_log_likelihood"])
                        else f"{record['val_log_likelihood']:.4f}" for record in starts)
-    kept = f"{kept} ({start_from})" if start_from else kept
     return (f"note: {len(starts)} starts, kept start {kept}: the highest held-out log-likelihood (starts 0.."
             f"{len(starts) - 1}: {values})")
 

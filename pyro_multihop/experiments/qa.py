@@ -73,7 +73,6 @@ from . import command_defaults
 from .fit_findings import hop_findings, recorded_fit, report_findings
 
 __all__ = [
-    "comparison_wanted",
     "facts_head",
     "HeadMemoryError",
     "head_memory_bytes",
@@ -303,14 +302,6 @@ def _report(log: Optional[Callable[[str], None]], message: Optional[str]) -> Non
             warnings.warn(message, AnswerNotInFactsWarning, stacklevel=3)
 
 
-def comparison_wanted(train_records: Sequence[QARecord]) -> bool:
-    """Whether :func:`run_qa` turns the emission's comparison on by default: where some training answer occurs in
-    no fact of its question, only a learnt part of the emission can give it, and a yes / no / maybe answer needs
-    the comparison. Where every answer is in a fact (a knowledge base's entities) it stays off, and one start is
-    fitted. Nothing here reads a word: the rule is the data's."""
-    return bool(answers_outside_facts(train_records))
-
-
 def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], n_hops: Optional[int] = None,
            out=None, *, seed: int = 0,
            steps=None, lr=None, batch_size=None, valid_fraction=None, collapsed: bool = False, resume: bool = False,
@@ -330,8 +321,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     The head is sized by the training questions (a longer test question shares the last question position)
     after :func:`check_head_memory`; ``embed_dim``: symbol embeddings of that dimension in place of its
     ``S x S`` tables (:func:`facts_head`); ``comparison``: the emission's comparison component on (True), off
-    (False) or, by default (None), on where some training answer occurs in no fact of its question (a yes / no
-    answer; :func:`comparison_wanted`). ``starts`` by default: :data:`~.command_defaults.COMPARISON_STARTS` where
+    (False) or, by default (None), on where some training answer occurs in no fact of its question: only a learnt
+    part of the emission can give such an answer, and a yes / no / maybe answer needs the comparison; where every
+    answer is in a fact (a knowledge base's entities) it stays off. The rule reads no word. ``starts`` by default: :data:`~.command_defaults.COMPARISON_STARTS` where
     the comparison is on (start 1 is the emission without it, ``FactAttention.start_variant``, so the held-out
     log-likelihood chooses whether the comparison stays), else 1. ``hops``: the old name of ``n_hops``,
     deprecated."""
@@ -346,8 +338,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     # An embedded head's learnt emission gives the training answers alone: its cost grows with them, not with S
     # (a table can learn no other answer; any other comes from a copy).
     answers = torch.unique(train.obs.target).tolist() if embed_dim is not None else None
+    train_outside = answers_outside_facts(train_records)  # the sources of the answers no fact holds
     chosen = comparison is None
-    comparison = comparison_wanted(train_records) if chosen else bool(comparison)
+    comparison = bool(train_outside) if chosen else bool(comparison)
     if starts is None:
         starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
@@ -376,7 +369,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "seconds": round(seconds, 2),
         "log_likelihood": _json_number(scores["log_likelihood"]),
         "hop_fact_accuracy": scores["hop_fact_accuracy"],
-        "train_answers_outside_facts": len(answers_outside_facts(train_records)),
+        "train_answers_outside_facts": len(train_outside),
         "test_answers_outside_facts": len(answers_outside_facts(test_records)),
         "comparison": head.comparison,
         **findings,

@@ -239,8 +239,9 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question`` (a Gaussian prior of precision ``n * 3e-2``). Adam steps every table entry as far as
-        a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
+        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question`` (a Gaussian
+        prior of precision ``n`` times the decay; docs/facts.md, the copy's question terms). Adam steps every table
+        entry as far as a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
         weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
         the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
         the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:

@@ -113,9 +113,9 @@ def fit_one_start(model, initial_state: dict, train, val, start: int, seed: int,
     Its warnings are caught and returned, so that only the kept start's reach the caller."""
     model.load_state_dict(initial_state)
     own_seed = start_seed(seed, start)
-    variant = getattr(model, "start_variant", None)
+    start_variant = getattr(model, "start_variant", None)
     with torch.no_grad():
-        variant = None if variant is None else variant(start)
+        variant = None if start_variant is None else start_variant(start)  # what it set, in words, or None
     if start > 0 and variant is None:
         perturb_parameters(model, init_scale, own_seed)
     kwargs = dict(fit_kwargs)
