@@ -17,6 +17,9 @@ published numbers; each run's ``results.json``, ``predictions.jsonl``, figure an
 task outside :data:`TASK_HOPS` takes its hops from the data (the most supporting facts of a training question,
 as ``pyro-multihop babi`` does).
 
+``--update`` keeps the rows of the existing ``{name}.csv`` that this invocation does not rerun (marked "kept from an
+earlier run" in the table), so that one expensive task can be left as it was.
+
 ``--encoding positions`` runs the chained head instead (``pyro_multihop.experiments.chained_babi.run_babi``, two
 (key, value) positions a statement), the encoding of docs/babi.md's earlier tables.
 """
@@ -24,6 +27,7 @@ as ``pyro-multihop babi`` does).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 import time
@@ -87,8 +91,9 @@ def write_tables(rows: list, out: Path, name: str, settings: str) -> None:
     ]
     for row in rows:
         memn2n, goal = PUBLISHED.get(row["task"], ("-", "-"))
+        earlier = " (kept from an earlier run)" if row.get("earlier_run") else ""
         lines.append(
-            f"| {row['task']} | {row['train_set']} | {row['hops']} | {percent(row['answer_accuracy'])} | "
+            f"| {row['task']}{earlier} | {row['train_set']} | {row['hops']} | {percent(row['answer_accuracy'])} | "
             f"{percent(row['fact_accuracy'])} | {per_hop(row.get('hop_fact_accuracy'))} | {row['seconds']:.0f} | "
             f"{memn2n} | {goal} |"
         )
@@ -99,6 +104,21 @@ def write_tables(rows: list, out: Path, name: str, settings: str) -> None:
         "path visits the annotated facts in order; per hop: the share whose hop l attends the l-th supporting "
         "fact.\n\n" + "\n".join(lines) + "\n"
     )
+
+
+def earlier_rows(path: Path, rerun: set) -> list:
+    """The rows of the table at ``path`` whose ``(train_set, task)`` is not in ``rerun``, marked ``earlier_run``."""
+    if not path.exists():
+        return []
+    rows = []
+    for row in pd.read_csv(path).to_dict("records"):
+        if (row["train_set"], row["task"]) in rerun:
+            continue
+        shares = row.get("hop_fact_accuracy")
+        row["hop_fact_accuracy"] = ast.literal_eval(shares) if isinstance(shares, str) else None
+        row["fact_accuracy"] = None if pd.isna(row.get("fact_accuracy")) else row["fact_accuracy"]
+        rows.append({**row, "earlier_run": True})
+    return rows
 
 
 def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bool, data_dir=None) -> dict:
@@ -133,6 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--name", default=None, help="stem of the table files (default: babi_facts / babi)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="a release's 1k folder (e.g. .../en), for tasks beyond the nine shipped (default: the shipped files)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the existing table's rows of the tasks not rerun here (marked in the table)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time, one process and thread each (default: 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -146,7 +168,8 @@ def main(argv=None) -> int:
         settings += ", smoke: 5 steps, 50 questions"
     jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir)
             for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)]]
-    rows = []
+    rows = earlier_rows(args.out / f"{name}.csv", {(("10k" if train_dir else "1k"), task) for task, train_dir in runs}) \
+        if args.update else []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for future in as_completed([pool.submit(one_run, *job) for job in jobs]):
             result = future.result()

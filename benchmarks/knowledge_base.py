@@ -9,7 +9,9 @@ knowledge base that no training question touches), runs the command as a user wo
 
 and reads ``results.json``. ``seconds`` is the command's wall time (reading, training, evaluating, writing,
 drawing), ``peak_mib`` the process's peak resident memory (``getrusage`` of the finished child), ``symbols`` the
-vocabulary the head holds. Writes ``OUT/knowledge_base.md`` and ``.csv``.
+vocabulary the head holds, ``embedded_symbols`` those of at least ``--embed-min-count`` training questions, which
+own a row of the embedding. Writes ``OUT/knowledge_base.md`` and ``.csv`` (``--embed-min-count K``:
+``knowledge_base_min_count_K``).
 
 ``python benchmarks/knowledge_base.py --out benchmarks/results`` (``--smoke``: 2,000 entities, 200 questions,
 20 steps).
@@ -37,7 +39,7 @@ from pyro_multihop.datasets.qa_jsonl import QAVocabulary, write_qa_jsonl  # noqa
 
 
 def run_point(n_hops: int, num_entities: int, n_train: int, n_test: int, embed_dim: int, work: Path,
-              steps=None) -> dict:
+              steps=None, embed_min_count=None) -> dict:
     train = knowledge_base_task(n_train, n_hops=n_hops, num_entities=num_entities, seed=0)
     test = knowledge_base_task(n_test, n_hops=n_hops, num_entities=num_entities, entities="test", seed=1)
     folder = work / f"L{n_hops}"
@@ -47,6 +49,7 @@ def run_point(n_hops: int, num_entities: int, n_train: int, n_test: int, embed_d
                "--test", str(folder / "test.jsonl"), "--hops", str(n_hops), "--out", str(folder / "run"),
                "--embed-dim", str(embed_dim), "--collapsed", "--threads", "1", "--no-progress", "--overwrite"]
     command += [] if steps is None else ["--steps", str(steps)]
+    command += [] if embed_min_count is None else ["--embed-min-count", str(embed_min_count)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
@@ -63,6 +66,7 @@ def run_point(n_hops: int, num_entities: int, n_train: int, n_test: int, embed_d
         "n_train": n_train,
         "n_test": n_test,
         "embed_dim": embed_dim,
+        "embedded_symbols": results["embedded_symbols"],
         "answer_accuracy": results["answer_accuracy"],
         "path_accuracy": results["fact_accuracy"],
         "seconds": round(seconds, 1),
@@ -79,16 +83,20 @@ def main(argv=None) -> None:
     parser.add_argument("--entities", type=int, default=50_000,
                         help="entities of the knowledge base (default 50,000; another number writes "
                              "knowledge_base_<N>.md and .csv)")
+    parser.add_argument("--embed-min-count", type=int, default=None,
+                        help="the command's --embed-min-count (default: its default; 1 embeds every symbol)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     sizes = dict(num_entities=2000, n_train=200, n_test=100, steps=20) if args.smoke else \
         dict(num_entities=args.entities, n_train=2000, n_test=500)
     other_size = not args.smoke and args.entities != 50_000
     stem = f"knowledge_base_{args.entities}" if other_size else "knowledge_base"
+    stem += "" if args.embed_min_count is None else f"_min_count_{args.embed_min_count}"
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for n_hops in (int(h) for h in args.hops.split(",")):
-            rows.append(run_point(n_hops, embed_dim=args.embed_dim, work=Path(work), **sizes))
+            rows.append(run_point(n_hops, embed_dim=args.embed_dim, work=Path(work),
+                                  embed_min_count=args.embed_min_count, **sizes))
             print(rows[-1], flush=True)
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -97,11 +105,13 @@ def main(argv=None) -> None:
         f"# A knowledge base of {sizes['num_entities']:,} entities through `pyro-multihop qa` on one core",
         "",
         f"`python benchmarks/knowledge_base.py{' --smoke' if args.smoke else ''}"
-        f"{f' --entities {args.entities}' if other_size else ''}`: the command with `--embed-dim "
-        f"{args.embed_dim} --collapsed --threads 1` and its defaults otherwise, each run in its own process; test "
+        f"{f' --entities {args.entities}' if other_size else ''}"
+        f"{'' if args.embed_min_count is None else f' --embed-min-count {args.embed_min_count}'}`: the command with "
+        f"`--embed-dim {args.embed_dim} --collapsed --threads 1` and its defaults otherwise, each run in its own process; test "
         "questions hold only entities that no training question holds. `seconds`: the command's wall time "
         "(training, evaluation, outputs); `peak_mib`: its peak resident memory; `symbols`: the head's vocabulary "
-        f"(the training file's tokens and copy slots). Load average {os.getloadavg()[0]:.1f} at the end.",
+        f"(the training file's tokens and copy slots), `embedded_symbols` those that own a row of the embedding (the symbols of "
+        "at least `--embed-min-count` training questions). Load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         frame.to_markdown(index=False),
         "",

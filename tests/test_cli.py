@@ -501,5 +501,6 @@ def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
             assert main([command, "--help"]) == 0
             text = " ".join(capsys.readouterr().out.split())
             shown = f"{value}, one plain fit" if command == "train" else \
-                f"{value + 4} where the comparison is on (start 1 without it), else {value}"
+                f"{value + 4} where the comparison is on (with and without it, from the equality weights at 1 and at " \
+                f"0), else {value}"
             assert f"(default: {shown}; docs/svi.md)" in text, command

@@ -14,7 +14,9 @@ score), and writes into ``OUT`` (the command's options: :mod:`pyro_multihop.expe
   ``log_likelihood`` (test, mean per question), ``hop_fact_accuracy``, how many training and test answers
   occur in no fact of their question (``train_answers_outside_facts``, ``test_answers_outside_facts``),
   ``comparison`` (whether the emission's comparison component was on: by default where some training answer
-  occurs in no fact, with a second start without it), ``diagnostics`` (the fit's findings and the hop diagnostics on the test questions) and, with ``starts`` > 1,
+  occurs in no fact, with starts without it), with ``embed_dim`` ``embed_min_count`` and ``embedded_symbols``
+  (how many symbols own a row of the embedding), ``diagnostics`` (the fit's findings and the hop diagnostics on
+  the test questions) and, with ``starts`` > 1,
   ``starts`` (every start's record, the kept one marked): :mod:`pyro_multihop.experiments.fit_findings`;
 - ``predictions.jsonl``: one line per test question, in order (:func:`predict_qa`): its ``id``, ``question``,
   the most probable ``answer`` and ``answer_prob``, ``facts`` (the fact index of each hop of the most probable
@@ -66,6 +68,7 @@ from ..datasets.qa_jsonl import (
     write_jsonl,
 )
 from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
+from ..models.symbol_embedding import frequent_symbols
 from ..plots import plot_fact_posteriors
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
 from ..train import fit_svi
@@ -169,20 +172,23 @@ def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
 
 
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
-               embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None):
+               embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None,
+               embedded_symbols=None):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
     the last). Its parameters start at zero (uniform attention); with ``embed_dim=D``, its ``S x S`` tables are
     symbol embeddings of ``D`` dimensions, drawn from ``seed``; ``comparison``: the emission's comparison
     component on; ``answer_symbols``: the symbols its learnt emission may give (``FactAttention``'s; :func:`run_qa`
-    passes the training answers to an embedded head). With ``check_memory``, :func:`check_head_memory` runs first."""
+    passes the training answers to an embedded head); ``embedded_symbols``: the symbols that own a row of its
+    embedding (``FactAttention``'s; :func:`run_qa` passes those of ``embed_min_count`` training questions). With
+    ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
         check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim,
                           num_answers=None if answer_symbols is None else len(answer_symbols))
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
                          embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
-                         answer_symbols=answer_symbols)
+                         answer_symbols=answer_symbols, embedded_symbols=embedded_symbols)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -308,7 +314,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
            overwrite: bool = False, figure_rows: int = 3, progress: bool = False, extra: Optional[dict] = None,
            log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None,
            embed_dim: Optional[int] = None, starts: Optional[int] = None, processes: Optional[int] = None,
-           comparison: Optional[bool] = None) -> dict:
+           comparison: Optional[bool] = None, embed_min_count: Optional[int] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
@@ -320,14 +326,19 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     :class:`~pyro_multihop.diagnostics.DiagnosticWarning` s). ``starts``, ``processes``: as :func:`train_qa`.
     The head is sized by the training questions (a longer test question shares the last question position)
     after :func:`check_head_memory`; ``embed_dim``: symbol embeddings of that dimension in place of its
-    ``S x S`` tables (:func:`facts_head`); ``comparison``: the emission's comparison component on (True), off
+    ``S x S`` tables (:func:`facts_head`), of which only the symbols of at least ``embed_min_count`` training
+    questions own a row (default :data:`~.command_defaults.EMBED_MIN_COUNT`; ``results.json`` records
+    ``embed_min_count`` and how many ``embedded_symbols``); ``comparison``: the emission's comparison component on (True), off
     (False) or, by default (None), on where some training answer occurs in no fact of its question: only a learnt
     part of the emission can give such an answer, and a yes / no / maybe answer needs the comparison; where every
     answer is in a fact (a knowledge base's entities) it stays off. The rule reads no word. ``starts`` by default: :data:`~.command_defaults.COMPARISON_STARTS` where
-    the comparison is on (start 1 is the emission without it, ``FactAttention.start_variant``, so the held-out
-    log-likelihood chooses whether the comparison stays), else 1. ``hops``: the old name of ``n_hops``,
+    the comparison is on (starts 1 and 3 are the emission without it, starts 2 and 3 the equality weights at 0:
+    ``FactAttention.start_variant``, so the held-out log-likelihood chooses whether the comparison stays and where
+    training starts), else 1. ``hops``: the old name of ``n_hops``,
     deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
+    if embed_min_count is not None and embed_dim is None:
+        raise ValueError(f"embed_min_count needs embed_dim (a table head has no embedding), got {embed_min_count!r}")
     if out is None:
         raise TypeError("run_qa() missing required argument: 'out'")
     out = prepare_run_dir(out, resume=resume, overwrite=overwrite, resumable=True)
@@ -338,19 +349,24 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     # An embedded head's learnt emission gives the training answers alone: its cost grows with them, not with S
     # (a table can learn no other answer; any other comes from a copy).
     answers = torch.unique(train.obs.target).tolist() if embed_dim is not None else None
+    embedded = None
+    if embed_dim is not None:
+        embed_min_count = command_defaults.EMBED_MIN_COUNT if embed_min_count is None else embed_min_count
+        embedded = frequent_symbols(train.obs, vocabulary.num_symbols, embed_min_count)
     train_outside = answers_outside_facts(train_records)  # the sources of the answers no fact holds
     chosen = comparison is None
     comparison = bool(train_outside) if chosen else bool(comparison)
     if starts is None:
         starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
-                      answer_symbols=answers)
+                      answer_symbols=answers, embedded_symbols=embedded)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))
     _report(log, answers_outside_facts_message(test_records, "test"))
     if chosen and comparison and log is not None:
         log(f"note: the emission's comparison is on, since some training answers occur in no fact; {starts} starts, "
-            "start 1 without it, the better held-out log-likelihood kept (--no-comparison: off)")
+            "with and without it, from the equality weights at 1 and at 0, the best held-out log-likelihood kept "
+            "(--no-comparison: off)")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,
@@ -372,6 +388,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "train_answers_outside_facts": len(train_outside),
         "test_answers_outside_facts": len(answers_outside_facts(test_records)),
         "comparison": head.comparison,
+        **({} if embedded is None else {"embed_min_count": embed_min_count,
+                                        "embedded_symbols": int(embedded.sum())}),
         **findings,
         **(extra or {}),
     }

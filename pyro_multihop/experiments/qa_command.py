@@ -42,6 +42,10 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     qa.add_argument("--embed-dim", type=positive_int, default=None, metavar="D",
                     help="symbol embeddings of D dimensions in place of the S x S tables: memory O(S D), for large "
                     "vocabularies (default: the tables)")
+    qa.add_argument("--embed-min-count", type=positive_int, default=None, metavar="K",
+                    help="with --embed-dim: only the symbols of at least K training questions own an embedding; the "
+                    "others (entities seen once or twice) enter through equality and the copy alone, as unseen "
+                    f"ones do (default: {command_defaults.EMBED_MIN_COUNT}; 1: every symbol; docs/facts.md)")
     add_comparison_argument(qa)
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
@@ -62,17 +66,17 @@ def add_comparison_argument(command) -> None:
     command.add_argument("--comparison", action=argparse.BooleanOptionalAction, default=None,
                          help="yes / no / maybe answers from comparisons of question tokens with the attended fact's "
                          "fields (the emission's comparison component); default: on where some training answer "
-                         "occurs in no fact of its question, with a second start without it (--starts), the one "
-                         "with the better held-out log-likelihood kept")
+                         "occurs in no fact of its question, with starts without it (--starts), the one with the "
+                         "best held-out log-likelihood kept")
 
 
 def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None:
     """``--starts`` and ``--processes`` (SVI's several starts, ``fit_svi(starts=K, processes=P)``) on ``command``:
-    ``qa``, ``babi`` and ``train`` take them alike; ``facts``: the default is the facts head's (None: 2 where its
-    comparison is on, the second start without it, else 1)."""
+    ``qa``, ``babi`` and ``train`` take them alike; ``facts``: the default is the facts head's (None: 4 where its
+    comparison is on, with and without it from two starts of the equality weights, else 1)."""
     starts = command_defaults.STARTS
-    default = (f"{command_defaults.COMPARISON_STARTS} where the comparison is on (start 1 without it), else {starts}"
-               if facts else f"{starts}, one plain fit")
+    default = (f"{command_defaults.COMPARISON_STARTS} where the comparison is on (with and without it, from the "
+               f"equality weights at 1 and at 0), else {starts}" if facts else f"{starts}, one plain fit")
     command.add_argument("--starts", type=positive_int, default=None if facts else starts,
                          help="fit this many SVI starts (start 0 the plain fit, the others perturbed or the head's "
                          "own) and keep the one with the best held-out log-likelihood (on the held-out data given, "
@@ -95,7 +99,8 @@ def qa_command(args) -> int:
     results = run_qa(train, test, args.hops, args.out, seed=args.seed, steps=args.steps, lr=args.lr,
                      batch_size=args.batch_size, valid_fraction=args.valid_fraction, collapsed=args.collapsed,
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
-                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim, comparison=args.comparison, starts=args.starts,
+                     progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim,
+                     embed_min_count=args.embed_min_count, comparison=args.comparison, starts=args.starts,
                      processes=args.processes)
     print(json.dumps(results))
     return 0

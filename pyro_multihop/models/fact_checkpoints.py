@@ -21,6 +21,7 @@ import torch
 
 from .fact_comparison import COMPARISON_SHAPES
 from .fact_parameters import COPY_QUESTION_TERMS
+from .fact_variational import EMBEDDED_SYMBOLS
 
 __all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
 
@@ -34,7 +35,11 @@ def config_from_checkpoint(config: dict) -> dict:
 def state_from_checkpoint(state_dict: dict) -> dict:
     """A checkpoint written before the copy had its question terms (:data:`~.fact_parameters.COPY_QUESTION_TERMS`)
     gets them at 0, the head it was trained as. Their shapes come from the state dict's own ``emission_mix``
-    (``2 F + 1``) and ``copy_by_symbol`` (``S``)."""
+    (``2 F + 1``) and ``copy_by_symbol`` (``S``). An embedded head's checkpoint written before
+    ``embedded_symbols`` gets it all True: every symbol owned a row then."""
+    embedding = state_dict.get("symbol_embedding", state_dict.get("embedding_guide.loc"))
+    if isinstance(embedding, torch.Tensor) and EMBEDDED_SYMBOLS not in state_dict:
+        state_dict = {**state_dict, EMBEDDED_SYMBOLS: torch.ones(embedding.shape[0], dtype=torch.bool)}
     if "emission_mix" not in state_dict or "copy_by_symbol" not in state_dict or \
             any(name in state_dict for name in COPY_QUESTION_TERMS):
         return state_dict

@@ -12,11 +12,16 @@ from ..engine.log_space import MASKED_LOGIT
 from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
 
-__all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS", "parameter_shapes",
+__all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS", "parameter_shapes",
            "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
 EQUALITY_WEIGHTS = ("question_equality", "field_equality")
+
+#: The order terms by the previous fact's symbols: how a verb or a time word moves the next hop (bAbI task 2:
+#: "before a drop, after a pick-up"). Their decay in the table head's ``svi_defaults``, 3e-3, is a tenth of the
+#: symbol tables': at 3e-2 they stayed small beside the shared order terms (docs/facts.md).
+ORDER_BY_SYMBOL = ("age_by_symbol", "offset_by_symbol", "direction_by_symbol", "nearest_by_symbol")
 
 #: Where every equality weight starts: the head starts out preferring the facts that share a symbol with the
 #: question, and from hop 2 on with the previous fact. At 0 the chain is a saddle: while hop 2 ignores hop 1's

@@ -26,6 +26,13 @@ posterior expectation for two different symbols; the tied head's ``"expected"`` 
 through the emission's softmax.) :meth:`EmbeddingPosterior.posterior_predictive` averages the predictive over draws
 of the posterior instead.
 
+Symbols without a row of their own: ``embedded_symbols`` (a bool buffer ``(S,)``, all True by default) marks the
+symbols that own a row of ``E``; the others' rows are 0 at the start, in every read of ``E`` (a draw included) and
+so in every gradient. Such a symbol enters the scores only through the equality terms, the copy and its ``O(S)``
+vectors, as a symbol training never showed does. ``pyro-multihop qa --embed-dim`` gives a row only to the symbols
+of at least ``--embed-min-count`` training questions (:func:`.symbol_embedding.frequent_symbols`): an entity seen
+in one or two questions cannot teach a rule, only a memory of those questions (docs/facts.md, "A knowledge base").
+
 ``head.embeddings()`` gives ``E`` as :class:`~pyro_multihop.embeddings.SymbolEmbeddings` (``mean``, and ``scale`` or
 None) for every head that has one, the tied head included, so that :mod:`pyro_multihop.embeddings` (alignment,
 projection, plots) and :func:`~pyro_multihop.diagnostics.diagnose_fit` read both heads alike.
@@ -46,13 +53,16 @@ from ..embeddings import SymbolEmbeddings
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
 
-__all__ = ["EMBEDDING_POSTERIORS", "EMBEDDING_SITE", "INIT_SCALE_KEY", "EmbeddingPosterior"]
+__all__ = ["EMBEDDING_POSTERIORS", "EMBEDDING_SITE", "EMBEDDED_SYMBOLS", "INIT_SCALE_KEY", "EmbeddingPosterior"]
 
 #: What the facts head's ``E`` can be: a point estimate, or a latent with a mean-field normal posterior.
 EMBEDDING_POSTERIORS = ("point", "mean_field")
 
 #: The Pyro sample site of ``E`` (mean-field), named as the point estimate's parameter.
 EMBEDDING_SITE = "symbol_embedding"
+
+#: The buffer ``(S,)`` bool of an embedded head: which symbols own a row of ``E`` (the others' rows are 0).
+EMBEDDED_SYMBOLS = "embedded_symbols"
 
 #: The ``init`` key of the mean-field posterior's initial standard deviations ``(S, D)``.
 INIT_SCALE_KEY = "symbol_embedding_scale"
@@ -85,9 +95,35 @@ class EmbeddingPosterior:
         self._fixed_embedding = None
         return scale
 
+    def _embedded_symbols_option(self, embedded_symbols, num_symbols: int) -> None:
+        """Check ``embedded_symbols`` (``TypeError``/``ValueError`` naming it) and register it as the buffer
+        :data:`EMBEDDED_SYMBOLS` ``(S,)`` bool of an embedded head (None: every symbol owns a row)."""
+        if self.embed_dim is None:
+            if embedded_symbols is not None:
+                raise ValueError("embedded_symbols needs embed_dim: a table head has no symbol embedding")
+            return
+        if embedded_symbols is None:
+            mask = torch.ones(num_symbols, dtype=torch.bool)
+        else:
+            mask = torch.as_tensor(embedded_symbols)
+            if mask.dtype != torch.bool:
+                raise TypeError(f"embedded_symbols must hold booleans, got dtype {mask.dtype}")
+            if tuple(mask.shape) != (num_symbols,):
+                raise ValueError(f"embedded_symbols must have shape (S,) = ({num_symbols},), got {tuple(mask.shape)}")
+        self.register_buffer(EMBEDDED_SYMBOLS, mask.clone())
+
+    def _without_own_rows(self, embedding: torch.Tensor) -> torch.Tensor:
+        """``embedding`` ``(S, D)`` with the rows of the symbols that own none at 0 (itself where all own one)."""
+        owns = getattr(self, EMBEDDED_SYMBOLS, None)
+        if owns is None or bool(owns.all()):
+            return embedding
+        return embedding * owns.unsqueeze(-1).to(embedding.dtype)
+
     def _set_parameter(self, name: str, value: torch.Tensor, scale: Optional[torch.Tensor]) -> None:
         """Register a parameter; under a mean-field posterior, ``symbol_embedding``'s initial value becomes the
         posterior's means, with standard deviations ``scale`` (default a tenth of the start's, ``0.1 / sqrt(D)``)."""
+        if name == EMBEDDING_SITE:
+            value = self._without_own_rows(value)
         if name != EMBEDDING_SITE or self.embedding_posterior == "point":
             setattr(self, name, torch.nn.Parameter(value))
             return
@@ -110,12 +146,12 @@ class EmbeddingPosterior:
     # -- E ---------------------------------------------------------------------------------------------------
     def embedding_matrix(self) -> torch.Tensor:
         """``(S, D)`` the ``E`` every term reads: a draw inside :meth:`fixed_embedding` (the model's), else the point
-        estimate or the posterior means (the plug-in rule)."""
+        estimate or the posterior means (the plug-in rule); the rows of symbols without one of their own at 0."""
         if self._fixed_embedding is not None:
-            return self._fixed_embedding
+            return self._without_own_rows(self._fixed_embedding)
         if self.embedding_posterior == "mean_field":
-            return self.embedding_guide.loc
-        return self.symbol_embedding
+            return self._without_own_rows(self.embedding_guide.loc)
+        return self._without_own_rows(self.symbol_embedding)
 
     @contextlib.contextmanager
     def fixed_embedding(self, embedding: torch.Tensor):
@@ -142,12 +178,14 @@ class EmbeddingPosterior:
 
     def embeddings(self) -> Optional[SymbolEmbeddings]:
         """``E`` as :class:`~pyro_multihop.embeddings.SymbolEmbeddings`, detached copies: the point estimate (scale
-        None) or the posterior's means and standard deviations; None for a table head."""
+        None) or the posterior's means and standard deviations (a symbol without a row of its own: mean 0); None for
+        a table head."""
         if self.embed_dim is None:
             return None
         if self.embedding_posterior == "point":
-            return SymbolEmbeddings(self.symbol_embedding.detach().clone())
-        return SymbolEmbeddings(self.embedding_guide.loc.detach().clone(), self.embedding_guide.scale.detach().clone())
+            return SymbolEmbeddings(self._without_own_rows(self.symbol_embedding).detach().clone())
+        return SymbolEmbeddings(self._without_own_rows(self.embedding_guide.loc).detach().clone(),
+                                self.embedding_guide.scale.detach().clone())
 
     def prior(self) -> dist.TorchDistribution:
         """``Normal(0, 1)`` over the whole ``(S, D)`` embedding, one event (mean-field only)."""

@@ -85,11 +85,12 @@ from . import fact_comparison as comparison
 from . import fact_checkpoints, fact_copy
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, PARAMETER_SHAPES, answer_symbols_tensor,
-                              initial_value, mix_logits, parameter_elements, parameter_shapes, shape_of)
+from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, ORDER_BY_SYMBOL, PARAMETER_SHAPES,
+                              answer_symbols_tensor, initial_value, mix_logits, parameter_elements, parameter_shapes,
+                              shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
-           "PARAMETER_SHAPES", "EM_REFUSAL"]
+           "PARAMETER_SHAPES", "EM_REFUSAL", "ORDER_BY_SYMBOL"]
 
 #: Why :class:`FactAttention` has no EM: every term sits inside a hop's softmax normaliser (the emission's mix
 #: inside its own), so the expected complete-data log-likelihood has no closed-form maximiser.
@@ -139,6 +140,11 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         ``O(S)``; a target outside them is emitted by a copy or not at all. A learnt table can give only
         answers that training showed, so nothing else is lost (``pyro-multihop qa --embed-dim`` passes the
         training answers).
+    :param embedded_symbols: ``embed_dim`` only. None (default): every symbol owns a row of ``E``. A bool
+        sequence ``(S,)``: the symbols that do; the others' rows are 0 (:mod:`.fact_variational`), so that they
+        enter the scores only through the equality terms, the copy and their ``O(S)`` vectors
+        (``pyro-multihop qa --embed-dim`` passes the symbols of at least ``--embed-min-count`` training
+        questions: :func:`.symbol_embedding.frequent_symbols`).
 
     Example::
 
@@ -152,7 +158,8 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
     def __init__(self, n_hops: int, num_fields: int, num_symbols: int, max_question_len: int = 8,
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
-                 answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False):
+                 answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False,
+                 embedded_symbols=None):
         super().__init__()
         self.comparison = bool(comparison)
         if not isinstance(revisit, bool):
@@ -176,6 +183,7 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         dtype = torch.get_default_dtype() if dtype is None else dtype
         init = dict(init or {})
         initial_scale = self._posterior_options(embedding_posterior, annealing, init)
+        self._embedded_symbols_option(embedded_symbols, self.num_symbols)
         probs = init.pop("emission_mix_probs", None)
         if probs is not None:
             init["emission_mix"] = mix_logits(torch.as_tensor(probs, dtype=dtype), num_fields)
@@ -201,14 +209,30 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
             self._set_parameter(name, value, initial_scale)
 
     def start_variant(self, start: int) -> Optional[str]:
-        """Start 1 of ``fit_svi(starts=K)`` for a head with the comparison on: the emission without it (its mixture
-        logit at ``MASKED_LOGIT``, weight and gradient exactly 0), set in place, so that the held-out likelihood
-        chooses between the two (the comparison can answer before the hops have found their facts: bAbI task
-        15, docs/babi.md); its description, or None (no such start: the fit perturbs it)."""
-        if start != 1 or not self._comparison_weighs():
+        """Start ``start`` of ``fit_svi(starts=K)``, set in place: the head's other starts, so that the held-out
+        likelihood chooses among them; its description, or None (start 0, or past them: the fit perturbs it).
+
+        - With the comparison on, start 1 is the emission without it (its mixture logit at ``MASKED_LOGIT``,
+          weight and gradient exactly 0: the comparison can answer before the hops have found their facts, bAbI
+          task 15), start 2 the equality weights at 0, start 3 both.
+        - Without it, start 1 is the equality weights at 0.
+
+        The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from
+        it a hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9;
+        docs/facts.md, "Where training starts")."""
+        variants = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
+        if not 1 <= start <= len(variants):
             return None
-        self.emission_mix[-1] = MASKED_LOGIT
-        return "the emission without its comparison component"
+        said = []
+        with torch.no_grad():
+            if "zero" in variants[start - 1]:
+                for name in EQUALITY_WEIGHTS:
+                    getattr(self, name).zero_()
+                said.append("the equality weights at 0")
+            if "comparison" in variants[start - 1]:
+                self.emission_mix[-1] = MASKED_LOGIT
+                said.append("the emission without its comparison component")
+        return " and ".join(said)
 
     def config(self) -> dict:
         """The constructor's arguments; ``embed_dim`` only for an embedded head, ``comparison`` only where it is on
@@ -239,8 +263,9 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question`` (a Gaussian
-        prior of precision ``n`` times the decay; docs/facts.md, the copy's question terms). Adam steps every table
+        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question``, 3e-3 on the
+        order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
+        of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay). Adam steps every table
         entry as far as a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
         weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
         the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
@@ -261,6 +286,8 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
                      **{name: 3e-2 for name in tables[2:]}}
+        else:  # measured on bAbI: docs/facts.md, the order terms' decay
+            decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL})
         decay["copy_by_question"] = 1e-2  # measured on bAbI: docs/facts.md, the copy's question terms
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 

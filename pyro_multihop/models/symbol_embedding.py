@@ -23,6 +23,9 @@ The equality weights stay beside the bilinear forms (they carry over to symbols 
   the backward: ``O(R D + A D)`` memory for ``R`` distinct (field, symbol) pairs), each computed once per chunk or
   per query (:class:`FieldNormalisers`);
 - :func:`table_probs` ``(c, N, A)``: the table part of the emission for every answer (predictions).
+
+:func:`frequent_symbols` says which symbols a head gives a row of ``E`` of their own (``embedded_symbols``): those of
+at least ``min_count`` training rows.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 from ..engine import get_memory_budget
 
 __all__ = ["EMBEDDING_SHAPES", "REPLACED_TABLES", "RANDOM_START", "LogNormaliser", "FieldNormalisers", "chunk_vectors",
-           "question_term", "pair_term", "table_log_probs", "table_probs"]
+           "frequent_symbols", "question_term", "pair_term", "table_log_probs", "table_probs"]
 
 #: Shapes of the parameters that replace the ``S x S`` tables (``D`` = ``embed_dim``).
 EMBEDDING_SHAPES = {
@@ -51,6 +54,24 @@ REPLACED_TABLES = ("question_tables", "content_tables", "emission_tables")
 #: zero every gradient of a bilinear form would be zero. The bilinear forms and the bias start at zero, so the
 #: head starts attending uniformly and emitting uniformly, as the table head does.
 RANDOM_START = ("symbol_embedding", "output_embedding")
+
+
+def frequent_symbols(obs, num_symbols: int, min_count: int) -> torch.Tensor:
+    """``(S,)`` bool: the symbols that occur in at least ``min_count`` rows of ``obs``
+    (:class:`~pyro_multihop.data.FactObservations`), in a real field of a real fact, a real question token or the
+    target; a row counts once however often it holds the symbol. ``min_count = 1``: every symbol of the rows."""
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+    if len(obs) == 0:
+        raise ValueError("obs has no rows: the symbols' counts need training rows")
+    obs.check_sizes(num_symbols)
+    rows = torch.arange(len(obs), device=obs.facts.device)
+    pairs = torch.cat([
+        (rows[:, None, None] * num_symbols + obs.facts)[obs.real_fields()],
+        (rows[:, None] * num_symbols + obs.question)[obs.real_tokens()],
+        rows * num_symbols + obs.target,
+    ]).unique()  # (row, symbol) pairs, each once
+    return torch.bincount(pairs % num_symbols, minlength=num_symbols) >= min_count
 
 
 def chunk_vectors(embedding: torch.Tensor, question: torch.Tensor, fields: torch.Tensor):

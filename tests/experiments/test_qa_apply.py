@@ -227,20 +227,21 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
     assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "1", "--steps", "1", "--out",
                  str(tmp_path / "command"), "--no-progress"]) == 0
     notes = capsys.readouterr().err.strip().splitlines()
-    # Answers outside the facts turn the emission's comparison on, with a second start without it: then the
+    # Answers outside the facts turn the emission's comparison on, with starts without it: then the
     # note of the kept start and the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
     results = json.loads((tmp_path / "command" / "results.json").read_text())
     assert results["comparison"] and [start["start_from"] for start in results["starts"]] == \
-        ["the head's own start", "the emission without its comparison component"]
+        ["the head's own start", "the emission without its comparison component", "the equality weights at 0",
+         "the equality weights at 0 and the emission without its comparison component"]
     assert notes[:2] == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question "
                          f"({train}:1, {train}:2): only the emission table can learn them (a copy cannot produce them)",
                          f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
                          f"{test}:2): a copy cannot produce them, only the learnt emission table, and only answers "
                          "seen in training"]
     assert notes[2] == ("pyro-multihop: note: the emission's comparison is on, since some training answers occur "
-                        "in no fact; 2 starts, start 1 without it, the better held-out log-likelihood kept "
-                        "(--no-comparison: off)")
-    assert notes[3].startswith("pyro-multihop: note: 2 starts, kept start ")
+                        "in no fact; 4 starts, with and without it, from the equality weights at 1 and at 0, the "
+                        "best held-out log-likelihood kept (--no-comparison: off)")
+    assert notes[3].startswith("pyro-multihop: note: 4 starts, kept start ")
     assert notes[4:] == [f"pyro-multihop: {diagnostic_line(record)}" for record in results["diagnostics"]]
 
 

@@ -12,6 +12,7 @@ from pyro_multihop.checkpoint import load_checkpoint
 from pyro_multihop.cli import main
 from pyro_multihop.datasets.babi_facts import load_task_records
 from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary, read_qa_jsonl, write_qa_jsonl
+from pyro_multihop.experiments.command_defaults import COMPARISON_STARTS
 from pyro_multihop.experiments.qa import load_qa_checkpoint, predict_qa
 
 STEPS = "40"
@@ -151,7 +152,7 @@ def test_babi_command_runs_the_facts_head_by_default(tmp_path, capsys):
 
 def test_qa_comparison_flag_turns_the_emission_comparison_on(family_files, tmp_path):
     """Every answer of these files is in a fact of its question: by default the comparison stays off (one start);
-    --comparison turns it on (with a second start without it), --no-comparison keeps it off."""
+    --comparison turns it on (with starts without it), --no-comparison keeps it off."""
     train_path, test_path = family_files
     for flag, expected in (([], False), (["--comparison"], True), (["--no-comparison"], False)):
         out = tmp_path / f"run{len(flag)}{flag[0] if flag else ''}"
@@ -160,5 +161,7 @@ def test_qa_comparison_flag_turns_the_emission_comparison_on(family_files, tmp_p
         head = load_checkpoint(out / "checkpoint.pt")[0]
         results = json.loads((out / "results.json").read_text())
         assert head.comparison is expected and results["comparison"] is expected
-        assert len(results.get("starts", [None])) == (2 if expected else 1)
-        assert (float(head.emission_mix.detach().softmax(-1)[-1]) > 0) is (expected and results["starts"][0]["kept"])
+        assert len(results.get("starts", [None])) == (COMPARISON_STARTS if expected else 1)
+        kept = next((start for start in results.get("starts", []) if start["kept"]), {"start_from": ""})
+        weighs = expected and "without its comparison" not in kept["start_from"]
+        assert (float(head.emission_mix.detach().softmax(-1)[-1]) > 0) is weighs

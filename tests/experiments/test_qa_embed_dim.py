@@ -48,6 +48,35 @@ def test_qa_command_trains_an_embedded_head(tmp_path, capsys):
     assert [line["answer"] for line in lines] == [p["answer"] for p in predict_qa(head, vocabulary.encode(read_qa_jsonl(test)))]
 
 
+def test_qa_gives_an_embedding_row_to_the_symbols_of_embed_min_count_training_questions(tmp_path, capsys):
+    """--embed-min-count K: the head's embedded_symbols are the symbols of at least K training questions, counted
+    here from the records; the rest have zero rows. Without --embed-dim it is refused before anything runs."""
+    people = [f"p{i}" for i in range(30)]  # 40 questions over 30 people: some in few questions, some in many
+    records = chain_records(40, 0, people, [f"c{i}" for i in range(5)])
+    train = write_qa_jsonl(records, tmp_path / "train.jsonl")
+    test = write_qa_jsonl(chain_records(8, 1, people, [f"c{i}" for i in range(5)]), tmp_path / "test.jsonl")
+    vocabulary = QAVocabulary.build(records)
+    for min_count in (1, 6):
+        out = tmp_path / f"run{min_count}"
+        assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "2", "--steps", "2", "--embed-dim",
+                     "4", "--embed-min-count", str(min_count), "--collapsed", "--out", str(out), "--no-progress"]) == 0
+        results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        head = load_qa_checkpoint(out / "checkpoint.pt")[0]
+        questions = {token: sum(token in {*sum(map(list, r.facts), []), *r.question, r.answer} for r in records)
+                     for token in vocabulary.known}
+        expected = {token for token, count in questions.items() if count >= min_count}
+        owned = {vocabulary.known[s - 1] for s in head.embedded_symbols.nonzero().flatten().tolist() if s >= 1}
+        assert owned == expected and 0 < len(expected) and results["embedded_symbols"] == len(expected)
+        assert results["embed_min_count"] == min_count
+        assert float(head.symbol_embedding.detach()[~head.embedded_symbols].abs().sum()) == 0
+        if min_count == 6:
+            assert len(expected) < len(vocabulary.known)  # rare people lose their rows
+    code = main(["qa", "--train", str(train), "--test", str(test), "--hops", "2", "--embed-min-count", "2",
+                 "--out", str(tmp_path / "tables"), "--no-progress"])
+    assert code != 0 and "embed_min_count needs embed_dim" in capsys.readouterr().err
+    assert not (tmp_path / "tables").exists()
+
+
 def test_the_memory_estimate_of_an_embedded_head_is_linear_in_the_vocabulary():
     records = [QARecord(((f"e{i}", "r", f"e{i + 1}"),), ("q", f"e{i}"), f"e{i + 1}") for i in range(4000)]
     vocabulary = QAVocabulary.build(records)

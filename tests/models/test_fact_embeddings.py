@@ -184,3 +184,75 @@ def test_svi_learns_the_chain_task_and_carries_it_to_unseen_entities():
     assert metrics["loss"].iloc[-1] < 0.5 * metrics["loss"].iloc[0]
     assert head.evaluate(train)["accuracy"] >= 0.97 * truth.evaluate(train)["accuracy"]
     assert head.evaluate(test)["accuracy"] >= 0.95 * truth.evaluate(test)["accuracy"] > start + 0.3
+
+
+# -- symbols without a row of their own (embedded_symbols) ------------------------------------------------------
+def test_symbols_without_a_row_read_zero_and_the_queries_equal_the_oracles():
+    """A head whose odd symbols own no row equals the oracle fed ``E`` with those rows at 0 (likelihood, marginals,
+    predictions, gradients); their rows start at 0 and get no gradient, under a draw of ``E`` too."""
+    owns = torch.arange(S) % 2 == 0
+    head = random_embedded_head(2, seed=7)
+    masked = FactAttention(2, F, S, max_question_len=P, max_distance=3, dtype=torch.float64, embed_dim=D,
+                           embedded_symbols=owns.tolist())
+    assert float(masked.symbol_embedding.detach()[~owns].abs().max()) == 0 and masked.embedded_symbols.dtype == torch.bool
+    masked.load_state_dict({**head.state_dict(), "embedded_symbols": owns})  # random values in every row
+    assert float(masked.embeddings().mean[~owns].abs().max()) == 0 and masked.embeddings().mean[owns].abs().min() > 0
+    obs = factories.random_fact_observations(3, N, F, M, S, seed=31)
+    zeroed = random_embedded_head(2, seed=7)
+    with torch.no_grad():
+        zeroed.symbol_embedding[~owns] = 0
+    leaves, tables = oracle_parameters(zeroed)
+    paths, predictive = oracle.path_tables(zeroed, obs, tables)
+    expected = oracle.log_likelihood(paths)
+    assert torch.allclose(masked.log_likelihood(obs), expected.detach(), atol=1e-9, rtol=0)
+    assert torch.allclose(masked.predict_proba(obs), torch.stack(predictive).detach(), atol=1e-9, rtol=0)
+    summary = oracle.summaries([{k: (a.detach(), b.detach()) for k, (a, b) in t.items()} for t in paths], N, 2)
+    assert torch.allclose(masked.hop_marginals(obs), summary["hop_marginals"], atol=1e-9, rtol=0)
+    expected.sum().backward()
+    masked.log_likelihood(obs).sum().backward()
+    gradient = masked.symbol_embedding.grad
+    assert torch.allclose(gradient[owns], leaves["symbol_embedding"].grad[owns], atol=1e-9, rtol=0)
+    assert float(gradient[~owns].abs().max()) == 0 and float(gradient[owns].abs().max()) > 0
+    with masked.fixed_embedding(torch.randn(S, D, dtype=torch.float64)) as draw:
+        assert torch.equal(masked.embedding_matrix(), draw * owns[:, None])
+
+
+def test_frequent_symbols_counts_the_rows_that_hold_a_symbol():
+    """Against a count by Python sets over the real fields, real question tokens and the target of each row."""
+    from pyro_multihop.models.symbol_embedding import frequent_symbols
+
+    obs = factories.random_fact_observations(40, N, F, M, S + 6, seed=3)
+    counts = [0] * (S + 6)
+    for row in range(len(obs)):
+        held = {int(s) for s in obs.facts[row][obs.real_fields()[row]]}
+        held |= {int(s) for s in obs.question[row][obs.real_tokens()[row]]} | {int(obs.target[row])}
+        for symbol in held:
+            counts[symbol] += 1
+    for min_count in (1, 5, 12, 40):
+        assert frequent_symbols(obs, S + 6, min_count).tolist() == [count >= min_count for count in counts]
+    assert not frequent_symbols(obs, S + 9, 1)[S + 6:].any()
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="min_count"):
+            frequent_symbols(obs, S + 6, bad)
+
+
+def test_embedded_symbols_is_checked_and_old_checkpoints_own_every_row(tmp_path):
+    from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
+
+    with pytest.raises(ValueError, match=r"embedded_symbols must have shape \(S,\) = \(6,\), got \(5,\)"):
+        FactAttention(2, F, S, embed_dim=D, embedded_symbols=[True] * 5)
+    with pytest.raises(TypeError, match="embedded_symbols must hold booleans, got dtype torch.int64"):
+        FactAttention(2, F, S, embed_dim=D, embedded_symbols=[1] * S)
+    with pytest.raises(ValueError, match="embedded_symbols needs embed_dim"):
+        FactAttention(2, F, S, embedded_symbols=[True] * S)
+    head = random_embedded_head(2)
+    save_checkpoint(tmp_path / "old.pt", head)
+    payload = torch.load(tmp_path / "old.pt", weights_only=False)
+    del payload["state_dict"]["embedded_symbols"]  # as written before the option
+    del payload["sha256"]  # edited; a file without a digest loads (written before digests existed)
+    torch.save(payload, tmp_path / "old.pt")
+    loaded = load_checkpoint(tmp_path / "old.pt")[0]
+    assert loaded.embedded_symbols.all() and torch.equal(loaded.symbol_embedding, head.symbol_embedding)
+    partial = FactAttention(2, F, S, embed_dim=D, embedded_symbols=[True, False] * 3)
+    save_checkpoint(tmp_path / "new.pt", partial)
+    assert load_checkpoint(tmp_path / "new.pt")[0].embedded_symbols.tolist() == [True, False] * 3

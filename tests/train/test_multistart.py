@@ -11,6 +11,7 @@ import torch
 
 from pyro_multihop import FactAttention, TiedEmbeddingAttention, fact_chain_task, transitive_task
 from pyro_multihop.diagnostics import StartsDisagreeWarning
+from pyro_multihop.models.fact_parameters import EQUALITY_WEIGHTS
 from pyro_multihop.train import STARTS_VAL_FRACTION, fit_svi, split_validation
 from pyro_multihop.train.multistart import perturb_parameters, start_path, start_seed
 from svi_test_heads import GaussianMean, Points, small_head
@@ -144,21 +145,31 @@ def test_seeds_change_nothing_for_a_zero_initialised_head_and_starts_do():
 
 
 def test_a_head_s_own_start_variant_is_fitted_unperturbed_and_recorded():
-    """The facts head with its comparison on offers start 1: its emission without the comparison. That start is
-    the plain fit of a head built with the comparison off (same rows, not perturbed), and start 2 is perturbed."""
+    """The facts head with its comparison on offers starts 1-3: its emission without the comparison, the equality
+    weights at 0, and both. Each is the plain fit of a head built that way (same rows, not perturbed), and start 4
+    is perturbed."""
     obs = fact_chain_task(60, num_facts=4, seed=0)
     with_comparison = FactAttention(2, 3, 68, max_question_len=3, comparison=True)
-    metrics = quiet_fit(with_comparison, obs, starts=3, processes=1)
+    metrics = quiet_fit(with_comparison, obs, starts=5, processes=1)
     records = metrics.attrs["starts"]
-    assert records[1]["start_from"] == "the emission without its comparison component"
-    assert records[2]["start_from"].startswith("perturbed")
-    without = FactAttention(2, 3, 68, max_question_len=3)
+    assert [r["start_from"] for r in records[1:4]] == [
+        "the emission without its comparison component", "the equality weights at 0",
+        "the equality weights at 0 and the emission without its comparison component"]
+    assert records[4]["start_from"].startswith("perturbed")
     train, val = split_validation(obs, STARTS_VAL_FRACTION, seed=0)
-    quiet_fit(without, train, val=val, seed=start_seed(0, 1))
-    assert records[1]["val_log_likelihood"] == pytest.approx(without.evaluate(val)["log_likelihood"], abs=1e-9)
-    assert records[0]["val_log_likelihood"] != pytest.approx(records[1]["val_log_likelihood"], abs=1e-6)
-    # a head without the comparison has no such start: its start 1 is perturbed
-    assert without.start_variant(1) is None and with_comparison.start_variant(0) is None
+    template = FactAttention(2, 3, 68, max_question_len=3)
+    zero = {name: torch.zeros_like(getattr(template, name)) for name in EQUALITY_WEIGHTS}
+    for start, comparison, init in ((1, False, {}), (2, True, zero), (3, False, zero)):
+        plain = FactAttention(2, 3, 68, max_question_len=3, comparison=comparison, init=init)
+        quiet_fit(plain, train, val=val, seed=start_seed(0, start))
+        assert records[start]["val_log_likelihood"] == pytest.approx(plain.evaluate(val)["log_likelihood"],
+                                                                      abs=1e-9), start
+    assert len({round(r["val_log_likelihood"], 6) for r in records[:4]}) == 4
+    # a head without the comparison has one such start, the equality weights at 0; its start 2 is perturbed
+    without = FactAttention(2, 3, 68, max_question_len=3)
+    assert with_comparison.start_variant(0) is None and without.start_variant(0) is None
+    assert without.start_variant(1) == "the equality weights at 0" and without.start_variant(2) is None
+    assert all(float(getattr(without, name).abs().max()) == 0 for name in EQUALITY_WEIGHTS)
 
 
 def test_seeded_starts_are_reproducible_and_equal_in_processes(obs, three):
