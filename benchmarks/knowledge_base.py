@@ -107,11 +107,11 @@ def main(argv=None) -> None:
         f"`python benchmarks/knowledge_base.py{' --smoke' if args.smoke else ''}"
         f"{f' --entities {args.entities}' if other_size else ''}"
         f"{'' if args.embed_min_count is None else f' --embed-min-count {args.embed_min_count}'}`: the command with "
-        f"`--embed-dim {args.embed_dim} --collapsed --threads 1` and its defaults otherwise, each run in its own process; test "
-        "questions hold only entities that no training question holds. `seconds`: the command's wall time "
+        f"`--embed-dim {args.embed_dim} --collapsed --threads 1` and its defaults otherwise, each run in its own "
+        "process; test questions hold only entities that no training question holds. `seconds`: the command's wall time "
         "(training, evaluation, outputs); `peak_mib`: its peak resident memory; `symbols`: the head's vocabulary "
         f"(the training file's tokens and copy slots), `embedded_symbols` those that own a row of the embedding (the symbols of "
-        "at least `--embed-min-count` training questions). Load average {os.getloadavg()[0]:.1f} at the end.",
+        f"at least `--embed-min-count` training questions). Load average {os.getloadavg()[0]:.1f} at the end.",
         "",
         frame.to_markdown(index=False),
         "",
