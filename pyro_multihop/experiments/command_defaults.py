@@ -54,7 +54,7 @@ BABI_SIGMA2 = 0.1
 #: questions own a row of the embedding (``FactAttention(embedded_symbols=...)``). Measured on the simulated
 #: knowledge base (``benchmarks/knowledge_base.py``): at 50,000 entities, each in about two training questions, 2
 #: hops on unseen entities give 1.000 answers and paths at 5, 0.686 / 0.078 with every symbol embedded; 3 hops
-#: 0.996 / 0.760 against 0.358 / 0.000 (docs/facts.md).
+#: 0.996 / 0.760 against 0.358 / 0.000 (from the zero start; docs/facts.md).
 EMBED_MIN_COUNT = 5
 
 #: ``--starts K`` of ``train``, ``qa`` and ``babi`` when not given: SVI starts, the one with the best held-out
