@@ -328,14 +328,14 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     after :func:`check_head_memory`; ``embed_dim``: symbol embeddings of that dimension in place of its
     ``S x S`` tables (:func:`facts_head`), of which only the symbols of at least ``embed_min_count`` training
     questions own a row (default :data:`~.command_defaults.EMBED_MIN_COUNT`; ``results.json`` records
-    ``embed_min_count`` and how many ``embedded_symbols``); ``comparison``: the emission's comparison component on (True), off
-    (False) or, by default (None), on where some training answer occurs in no fact of its question: only a learnt
-    part of the emission can give such an answer, and a yes / no / maybe answer needs the comparison; where every
-    answer is in a fact (a knowledge base's entities) it stays off. The rule reads no word. ``starts`` by default: :data:`~.command_defaults.COMPARISON_STARTS` where
-    the comparison is on (starts 1 and 3 are the emission without it, starts 2 and 3 the equality weights at 0:
-    ``FactAttention.start_variant``, so the held-out log-likelihood chooses whether the comparison stays and where
-    training starts), else 1. ``hops``: the old name of ``n_hops``,
-    deprecated."""
+    ``embed_min_count`` and how many ``embedded_symbols``); ``comparison``: the emission's comparison component on
+    (True), off (False) or, by default (None), on where some training answer occurs in no fact of its question:
+    only a learnt part of the emission can give such an answer, and a yes / no / maybe answer needs the comparison;
+    where every answer is in a fact (a knowledge base's entities) it stays off. The rule reads no word. ``starts`` by
+    default: :data:`~.command_defaults.COMPARISON_STARTS` where the comparison is on (starts 1 and 3 are the
+    emission without it, starts 2 and 3 the equality weights at 0: ``FactAttention.start_variant``, so the held-out
+    log-likelihood chooses whether the comparison stays and where training starts), else 1. ``hops``: the old name
+    of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if embed_min_count is not None and embed_dim is None:
         raise ValueError(f"embed_min_count needs embed_dim (a table head has no embedding), got {embed_min_count!r}")

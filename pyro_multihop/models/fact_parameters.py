@@ -12,8 +12,8 @@ from ..engine.log_space import MASKED_LOGIT
 from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
 
-__all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS", "parameter_shapes",
-           "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
+__all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS",
+           "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
 EQUALITY_WEIGHTS = ("question_equality", "field_equality")

@@ -265,9 +265,10 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
         ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question``, 3e-3 on the
         order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
-        of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay). Adam steps every table
-        entry as far as a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
-        weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
+        of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay).
+        Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
+        training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
+        proportion to how rarely it is used, and leaves
         the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
         the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form

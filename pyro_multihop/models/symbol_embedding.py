@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_positive_int
 from ..engine import get_memory_budget
 
 __all__ = ["EMBEDDING_SHAPES", "REPLACED_TABLES", "RANDOM_START", "LogNormaliser", "FieldNormalisers", "chunk_vectors",
@@ -60,8 +61,7 @@ def frequent_symbols(obs, num_symbols: int, min_count: int) -> torch.Tensor:
     """``(S,)`` bool: the symbols that occur in at least ``min_count`` rows of ``obs``
     (:class:`~pyro_multihop.data.FactObservations`), in a real field of a real fact, a real question token or the
     target; a row counts once however often it holds the symbol. ``min_count = 1``: every symbol of the rows."""
-    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+    check_positive_int("min_count", min_count)
     if len(obs) == 0:
         raise ValueError("obs has no rows: the symbols' counts need training rows")
     obs.check_sizes(num_symbols)

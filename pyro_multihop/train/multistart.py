@@ -12,7 +12,8 @@ best of 10 runs by validation error). Here:
 - a head may offer starts of its own in place of perturbed ones: where ``model.start_variant(k)`` sets the
   parameters for start ``k`` and returns what it did (a short text), that start is not perturbed (the
   structured-facts head's starts 1-3 are its emission without the comparison component and its equality
-  weights at 0, so that the held-out likelihood chooses the emission and where training starts); it returns None where it has no start ``k``;
+  weights at 0, so that the held-out likelihood chooses the emission and where training starts); it returns None
+  where it has no start ``k``;
 - every start trains on the same rows and is scored on the same held-out rows: the caller's ``val``, or a
   share of ``obs`` held out by :func:`~pyro_multihop.train.validation.split_validation` (``val_fraction``,
   default :data:`STARTS_VAL_FRACTION`), never a test set;

@@ -194,7 +194,8 @@ def test_symbols_without_a_row_read_zero_and_the_queries_equal_the_oracles():
     head = random_embedded_head(2, seed=7)
     masked = FactAttention(2, F, S, max_question_len=P, max_distance=3, dtype=torch.float64, embed_dim=D,
                            embedded_symbols=owns.tolist())
-    assert float(masked.symbol_embedding.detach()[~owns].abs().max()) == 0 and masked.embedded_symbols.dtype == torch.bool
+    assert float(masked.symbol_embedding.detach()[~owns].abs().max()) == 0
+    assert masked.embedded_symbols.dtype == torch.bool
     masked.load_state_dict({**head.state_dict(), "embedded_symbols": owns})  # random values in every row
     assert float(masked.embeddings().mean[~owns].abs().max()) == 0 and masked.embeddings().mean[owns].abs().min() > 0
     obs = factories.random_fact_observations(3, N, F, M, S, seed=31)
