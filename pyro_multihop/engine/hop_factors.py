@@ -39,6 +39,10 @@ class HopFactors:
         (a structured-facts emission). With it, ``scores`` must be None.
     :ivar position_target: None, or ``chunk -> (c, N)``: ``position_emission``'s entry of each row's target
         alone, when the head computes it for less than the ``(c, N, T)`` table.
+    :ivar position_mixture: None, or ``(chunk, weights (c, N)) -> (c, T)``: ``sum_i weights[:, i]
+        exp(position_emission(chunk)[:, i])``, when the head mixes its emission over the positions for less than
+        the ``(c, N, T)`` table (predictions: the weights are ``p(z_L = i)``); its working memory is the head's
+        ``extra_elements``.
     :ivar extra_elements: None, or ``N -> elements``: working memory per row, in elements, that the head's
         ``dense_chain`` and ``position_emission`` need beyond the engine's count (chunks shrink to fit).
 
@@ -51,9 +55,12 @@ class HopFactors:
                  scores=None,
                  position_emission: Optional[Callable[[object], torch.Tensor]] = None,
                  extra_elements: Optional[Callable[[int], float]] = None,
-                 position_target: Optional[Callable[[object], torch.Tensor]] = None, *,
+                 position_target: Optional[Callable[[object], torch.Tensor]] = None,
+                 position_mixture: Optional[Callable[[object, torch.Tensor], torch.Tensor]] = None, *,
                  num_symbols: Optional[int] = None, num_targets: Optional[int] = None,
                  dtype: Optional[torch.dtype] = None, device=None):
+        if position_mixture is not None and position_emission is None:
+            raise ValueError("a position_mixture mixes a position_emission: position_emission must be given too")
         if position_emission is not None and scores is not None:
             raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
         if log_emission is None and position_emission is None:
@@ -81,13 +88,15 @@ class HopFactors:
         self.position_emission = position_emission
         self.extra_elements = extra_elements
         self.position_target = position_target
+        self.position_mixture = position_mixture
 
     def replace(self, **changes) -> "HopFactors":
         """A copy with some fields changed (the stated sizes, dtype and device are read again from a new
         ``log_emission``)."""
         fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
                   "scores": self.score_tables, "position_emission": self.position_emission,
-                  "extra_elements": self.extra_elements, "position_target": self.position_target}
+                  "extra_elements": self.extra_elements, "position_target": self.position_target,
+                  "position_mixture": self.position_mixture}
         if changes.get("log_emission", self.log_emission) is None:
             fields.update(num_symbols=self.num_symbols, num_targets=self.num_targets, dtype=self.dtype,
                           device=self.device)

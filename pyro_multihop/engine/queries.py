@@ -81,8 +81,11 @@ def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     emission = None if factors.position_emission is not None else factors.log_emission.exp()
     # mix by value symbol: (c, S) x (S, T), a BLAS product, beats gathering (c, N, T) rows
     by_symbol = S <= 4 * N and factors.position_emission is None
-    # a position emission of every target: the head's (c, N, T) table, its logarithm and the mixture's product
+    # a position emission of every target: the head's (c, N, T) table, its logarithm and the mixture's product;
+    # a head's own mixture: its (c, T) result (its working memory is its extra_elements)
     per_position = 4 * N * T if factors.position_emission is not None else 2 * N * T
+    if factors.position_mixture is not None:
+        per_position = T
     rows = rows_per_chunk(factors, N, route, budget, extra=(S if by_symbol else per_position) + T)
     out = torch.empty(n, T, dtype=factors.dtype, device=device)
     for part in row_slices(n, rows):
@@ -106,6 +109,8 @@ def _predict_chunk(factors: HopFactors, chunk, route: str, emission: torch.Tenso
 
 def _mixture(factors: HopFactors, chunk, alpha: torch.Tensor, emission: torch.Tensor, by_symbol: bool):
     """``(c, T)``: the emission of each position mixed by ``alpha (c, N)``, ``p(z_L = i)``."""
+    if factors.position_mixture is not None:
+        return factors.position_mixture(chunk, alpha)
     if factors.position_emission is not None:
         return torch.bmm(alpha.unsqueeze(-2), factors.position_emission(chunk).exp()).squeeze(-2)
     if by_symbol:

@@ -77,12 +77,13 @@ from .. import engine
 from ..checks import check_number, renamed_keyword
 from ..distributions import CollapsedHopChain, GateCategorical
 from ..data import FactObservations, fact_chain_vocabulary
-from ..gate_ops import flat_gather, log_normalize, table_gather
+from ..gate_ops import flat_gather, log_normalize
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
-from . import fact_checkpoints, fact_copy
+from . import fact_checkpoints
+from .fact_emission import FactEmission
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
 from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, ORDER_BY_SYMBOL, PARAMETER_SHAPES,
@@ -97,7 +98,7 @@ __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_el
 EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
               "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
 
-class FactAttention(EmbeddingPosterior, HopAttentionHead):
+class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
 
     The generative story and the terms of the score are in the module docstring; every parameter is an
@@ -413,82 +414,6 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         trans = torch.stack([log_normalize(x) for x in later]) if later else first.new_zeros(0, c, N, N)
         return HopChain(log_normalize(first), trans)
 
-    def emission_log_probs(self, obs: FactObservations) -> torch.Tensor:
-        """``(c, N, S)`` normalised ``log p(target = t | z_L = i)``: each real field's table mixed with its copy.
-
-        Mixed in probability space (``F`` row lookups and one scatter of the copies), then one logarithm;
-        a probability below the dtype's smallest normal number is raised to it (so a target the mixture
-        cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
-        tables, copies, compares, total, matches = self._mixture_weights(obs)
-        if self.embed_dim is not None:
-            probs = embedded.table_probs(obs.facts, self.embedding_matrix(), self.emission_bilinear,
-                                         self.output_embedding, self.answer_bias, tables)
-        else:
-            rows = self.emission_tables.softmax(-1)  # (F, S, A)
-            probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a])
-                        for a in range(self.num_fields))
-        if self._comparison_weighs():
-            probs = probs + compares * comparison.comparison_probs(matches, self.compare_logits, self.compare_bias)
-        if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
-            probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
-        probs = probs.scatter_add(-1, obs.facts, copies)
-        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
-
-    def field_normalisers(self) -> "embedded.FieldNormalisers":
-        """An embedded head's emission normalisers, computed once per (field, symbol) of the chunks they serve."""
-        return embedded.FieldNormalisers(self.embedding_matrix(), self.emission_bilinear, self.output_embedding,
-                                         self.answer_bias)
-
-    def _comparison_weighs(self) -> bool:
-        """Whether the comparison component has any weight (its mixture logit above ``MASKED_LOGIT``): where it has
-        none, its terms are exactly 0 and their gradients too, so they are not computed."""
-        return bool(self.emission_mix[-1] > MASKED_LOGIT)
-
-    def target_log_probs(self, obs: FactObservations, normalisers=None) -> torch.Tensor:
-        """``(c, N)``: :meth:`emission_log_probs` at each row's target only, the tables and copies in ``O(c N F)``,
-        the comparison's normaliser in blocks of answers (the engine's ``position_target``: the likelihood and the
-        path queries need no ``(c, N, S)`` table). ``normalisers``: an embedded head's
-        :class:`~.symbol_embedding.FieldNormalisers`, shared by the chunks of one query (:meth:`hop_factors`)."""
-        tables, copies, compares, total, matches = self._mixture_weights(obs)
-        target = obs.target.view(-1, 1).expand(obs.facts.shape[:2])  # (c, N)
-        answer = self.answer_index[obs.target]  # (c,): the target's answer number, -1 where the tables cannot give it
-        emitted = (answer >= 0).to(tables.dtype).view(-1, 1, 1)
-        answer = answer.clamp(min=0)
-        if self.embed_dim is not None:  # the normaliser over the A answers in blocks, no (c, N, A) table
-            normalisers = self.field_normalisers() if normalisers is None else normalisers
-            table_probs = embedded.table_log_probs(obs.facts, answer, self.embedding_matrix(), self.emission_bilinear,
-                                                   self.output_embedding, self.answer_bias, normalisers).exp()
-        else:
-            rows = self.emission_tables.log_softmax(-1)  # (F, S, A)
-            at = answer.view(-1, 1).expand(obs.facts.shape[:2])
-            table_probs = torch.stack([table_gather(rows[a], obs.facts[..., a], at)
-                                       for a in range(self.num_fields)], -1).exp()
-        probs = (tables * table_probs * emitted + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
-        if self._comparison_weighs():
-            compared = comparison.comparison_log_probs(matches, answer, self.compare_logits, self.compare_bias).exp()
-            probs = probs + compares * (compared.unsqueeze(-1) * emitted)
-        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
-
-    def _mixture_weights(self, obs: FactObservations):
-        """``(table weights (c, N, F), copy weights (c, N, F), comparison weight (c, N, 1), their total (c, N, 1),
-        the comparison's matches (c, N, F))``: over each fact's real fields ``mix[0, a]`` and
-        ``mix[1, a] exp(copy_by_symbol[f_i^a])``, and ``mix[2 F] exp(sum_a compare_by_symbol[f_i^a])``, formed in
-        log space and scaled by each fact's largest, so that none overflows."""
-        chunk = self._chunk(obs)
-        F = self.num_fields
-        real = chunk.real_fields  # (c, N, F)
-        mix = self.emission_mix.log_softmax(-1)
-        copy_logits = fact_copy.copy_logits(chunk, self.copy_by_symbol, self.copy_question_equality,
-                                            self.copy_by_question)  # (c, N, F)
-        compare_logits = padded(self.compare_by_symbol, 1)[chunk.fields].sum(-1, keepdim=True)  # (c, N, 1)
-        logits = torch.cat([mix[:F] + torch.zeros_like(copy_logits), mix[F:2 * F] + copy_logits], -1)
-        logits = torch.cat([logits.masked_fill(~real.repeat(1, 1, 2), MASKED_LOGIT), mix[2 * F] + compare_logits], -1)
-        weights = (logits - logits.detach().max(-1, keepdim=True).values).exp()  # (c, N, 2 F + 1)
-        weights_e = comparison.token_weights(padded(self.compare_choice, 1), self.compare_position,
-                                             chunk.question, chunk.real_tokens)
-        matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
-        return weights[..., :F], weights[..., F:2 * F], weights[..., 2 * F:], weights.sum(-1, keepdim=True), matches
-
     def hop_factors(self) -> engine.HopFactors:
         """The dense factors and the per-fact emission as the engine takes them."""
         F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
@@ -510,8 +435,10 @@ class FactAttention(EmbeddingPosterior, HopAttentionHead):
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
             position_target = functools.partial(self.target_log_probs, normalisers=self.field_normalisers())
         # a draw of E fixed now (the model's) is the one the engine's later calls read
-        chain, emission, target = map(self._at_this_embedding, (self.hop_chain, self.emission_log_probs, position_target))
+        chain, emission, target, mixture = map(self._at_this_embedding, (self.hop_chain, self.emission_log_probs,
+                                                                         position_target, self.emission_mixture))
         return engine.HopFactors(None, chain, L, position_emission=emission, position_target=target,
+                                 position_mixture=mixture,
                                  extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
                                  num_symbols=S, num_targets=self.num_targets,
                                  dtype=self.age_slopes.dtype, device=self.age_slopes.device)

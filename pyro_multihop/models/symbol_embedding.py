@@ -175,9 +175,14 @@ class FieldNormalisers:
     The normalisers are reused while the parameters they read keep their versions (an optimiser step starts anew)
     and grad mode is unchanged; a head makes one a query (``FactAttention.hop_factors``)."""
 
-    def __init__(self, embedding, bilinear, output, bias):
+    def __init__(self, embedding, bilinear, output, bias, embedded_symbols=None):
         self.tensors = (embedding, bilinear, output, bias)
         self.key = None
+        # A symbol without a row of its own reads e_s = 0, as padding does, so they all share padding's normaliser:
+        # with few symbols embedded (a knowledge base's rare entities) that is most of the normaliser's work saved.
+        self.shared = None
+        if embedded_symbols is not None and not bool(embedded_symbols.all()):
+            self.shared = torch.cat([~embedded_symbols, embedded_symbols.new_ones(1)])  # (S + 1,): slot S is padding's
 
     def _reset(self, key, fields) -> None:
         self.key = key
@@ -192,14 +197,16 @@ class FieldNormalisers:
         if key != self.key:
             self._reset(key, fields)
         fields = fields.clamp(min=-1)  # padding (-1 or S) has a slot of its own at the end of each row
-        new = []
+        if self.shared is not None:
+            fields = fields.masked_fill(self.shared[fields], -1)
+        new, padded = [], torch.cat([embedding, embedding.new_zeros(1, embedding.shape[-1])])  # row -1: e = 0
         for a in range(fields.shape[-1]):
             symbols = torch.unique(fields[..., a])
             missing = symbols[self.position[a, symbols] < 0]
             if len(missing):
                 self.position[a, missing] = torch.arange(self.count, self.count + len(missing), device=fields.device)
                 self.count += len(missing)
-                new.append(embedding[missing] @ bilinear[a])
+                new.append(padded[missing] @ bilinear[a])
         if new:
             self.parts.append(LogNormaliser.apply(torch.cat(new), output, bias))
         norms = self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)

@@ -8,6 +8,7 @@ import factories
 import pytest
 import torch
 
+from pyro_multihop import engine
 from pyro_multihop.engine import HopFactors, chain_from_scores
 from pyro_multihop.engine.hop_factors import first_hop_log_probs
 
@@ -65,6 +66,27 @@ def test_a_position_emission_refuses_score_tables():
     log_emission = torch.zeros(S, T, dtype=torch.float64)
     with pytest.raises(ValueError, match="scores must be None"):
         HopFactors(log_emission, lambda chunk: None, 2, scores=random_scores(2), position_emission=lambda chunk: None)
+
+
+def test_a_position_mixture_needs_a_position_emission():
+    with pytest.raises(ValueError, match="position_emission must be given"):
+        HopFactors(torch.zeros(S, T, dtype=torch.float64), lambda chunk: None, 2,
+                   position_mixture=lambda chunk, weights: None)
+
+
+def test_predictions_mix_through_the_heads_mixture_where_it_has_one():
+    """A head's ``position_mixture`` equals the engine's own mixture of its ``position_emission``: the same
+    predictions either way, and a mixture that differs shows in them (the engine calls it). One chunk of 5 rows."""
+    obs = factories.random_observations(5, S, T, N, seed=4, masked=True)
+    table = torch.randn(5, N, T, generator=torch.Generator().manual_seed(6), dtype=torch.float64).log_softmax(-1)
+    plain = HopFactors(None, lambda chunk: chain_from_scores(random_scores(2, seed=5), chunk), 2,
+                       position_emission=lambda chunk: table, num_symbols=S, num_targets=T, dtype=torch.float64,
+                       device="cpu")
+    mixed = plain.replace(position_mixture=lambda chunk, weights: torch.einsum("cn,cnt->ct", weights, table.exp()))
+    doubled = plain.replace(position_mixture=lambda chunk, weights: 2 * torch.einsum("cn,cnt->ct", weights, table.exp()))
+    expected = engine.predict_proba(plain, obs)
+    assert torch.allclose(engine.predict_proba(mixed, obs), expected, atol=1e-12, rtol=0)
+    assert torch.allclose(engine.predict_proba(doubled, obs), 2 * expected, atol=1e-12, rtol=0)
 
 
 def test_replace_changes_the_given_fields_only():

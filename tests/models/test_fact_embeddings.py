@@ -218,6 +218,23 @@ def test_symbols_without_a_row_read_zero_and_the_queries_equal_the_oracles():
         assert torch.equal(masked.embedding_matrix(), draw * owns[:, None])
 
 
+def test_symbols_without_a_row_share_one_normaliser():
+    """The emission's normalisers (symbol_embedding.FieldNormalisers) of a head whose odd symbols own no row: those
+    symbols all read ``e = 0``, so each field computes one normaliser for all of them, and every normaliser equals
+    the one computed without the sharing on ``E`` with their rows at 0."""
+    from pyro_multihop.models.symbol_embedding import FieldNormalisers
+
+    owns = torch.arange(S) % 2 == 0
+    head = random_embedded_head(2, seed=9)
+    obs = factories.random_fact_observations(6, N, F, M, S, seed=4)
+    embedding = head.symbol_embedding.detach() * owns[:, None]
+    tensors = (embedding, head.emission_bilinear.detach(), head.output_embedding.detach(), head.answer_bias.detach())
+    shared, plain = FieldNormalisers(*tensors, embedded_symbols=owns), FieldNormalisers(*tensors)
+    assert torch.allclose(shared(obs.facts), plain(obs.facts), atol=1e-12, rtol=0)
+    owned = sum(len(torch.unique(obs.facts[..., a][owns[obs.facts[..., a]]])) for a in range(F))
+    assert shared.count <= owned + F < plain.count
+
+
 def test_frequent_symbols_counts_the_rows_that_hold_a_symbol():
     """Against a count by Python sets over the real fields, real question tokens and the target of each row."""
     from pyro_multihop.models.symbol_embedding import frequent_symbols
