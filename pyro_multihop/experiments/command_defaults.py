@@ -17,7 +17,7 @@ from __future__ import annotations
 
 __all__ = ["TABLE_SUFFIXES", "FACTS_SUFFIX", "TRAIN_MODELS", "TRAIN_SIGMA2", "TRAIN_EM_ITERATIONS", "BABI_SVI",
            "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2", "STARTS",
-           "COMPARISON_STARTS", "EMBED_MIN_COUNT"]
+           "COMPARISON_STARTS", "EMBED_DIM", "EMBED_MIN_COUNT"]
 
 #: Suffixes of table data files (columns query, target, key_0.., value_0..): what ``simulate`` writes, ``train``
 #: reads, and a ``train`` checkpoint is applied to.
@@ -49,6 +49,11 @@ BABI_MEMORY = 50
 
 #: Gate variance of the chained head on bAbI (``babi --encoding positions --sigma2``).
 BABI_SIGMA2 = 0.1
+
+#: ``qa --embed-dim`` given without a value: the symbol embeddings' dimension ``D``. Measured on the simulated
+#: knowledge base (``benchmarks/knowledge_base.py``, 50,000 entities, unseen entities; docs/facts.md, "Which
+#: ``D``").
+EMBED_DIM = 32
 
 #: ``qa --embed-min-count`` when not given: with ``--embed-dim``, only the symbols of at least this many training
 #: questions own a row of the embedding (``FactAttention(embedded_symbols=...)``). Measured on the simulated

@@ -39,9 +39,10 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
     qa.add_argument("--hops", type=positive_int, required=True, help="number of hops L")
     qa.add_argument("--out", type=Path, required=True, help="output folder (created if missing)")
     qa.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the run (default: 0)")
-    qa.add_argument("--embed-dim", type=positive_int, default=None, metavar="D",
-                    help="symbol embeddings of D dimensions in place of the S x S tables: memory O(S D), for large "
-                    "vocabularies (default: the tables)")
+    qa.add_argument("--embed-dim", type=positive_int, nargs="?", default=None, const=command_defaults.EMBED_DIM,
+                    metavar="D", help="symbol embeddings of D dimensions in place of the S x S tables: memory O(S D), "
+                    f"for large vocabularies (--embed-dim alone: D = {command_defaults.EMBED_DIM}; without it: the "
+                    "tables)")
     qa.add_argument("--embed-min-count", type=positive_int, default=None, metavar="K",
                     help="with --embed-dim: only the symbols of at least K training questions own an embedding; the "
                     "others (entities seen once or twice) enter through equality and the copy alone, as unseen "

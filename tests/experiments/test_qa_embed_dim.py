@@ -108,3 +108,19 @@ def test_a_checkpoint_of_the_other_kind_is_refused_saying_which(tmp_path, stored
     load_parameters(same, payload)
     for name, value in stored.state_dict().items():
         assert torch.equal(same.state_dict()[name], value), name
+
+
+def test_embed_dim_alone_takes_the_measured_default():
+    """``qa --embed-dim`` without a value: ``command_defaults.EMBED_DIM``; with one: that one; without the flag: the
+    tables (None). The help names the default."""
+    from pyro_multihop.cli import build_parser
+    from pyro_multihop.experiments import command_defaults
+
+    base = ["qa", "--train", "a.jsonl", "--test", "b.jsonl", "--hops", "2", "--out", "o"]
+    parser = build_parser()
+    assert parser.parse_args(base + ["--embed-dim"]).embed_dim == command_defaults.EMBED_DIM
+    assert parser.parse_args(base[:1] + ["--embed-dim"] + base[1:]).embed_dim == command_defaults.EMBED_DIM
+    assert parser.parse_args(base + ["--embed-dim", "7"]).embed_dim == 7
+    assert parser.parse_args(base).embed_dim is None
+    help_text = " ".join(parser._subparsers._group_actions[0].choices["qa"].format_help().split())
+    assert f"--embed-dim alone: D = {command_defaults.EMBED_DIM}" in help_text
