@@ -86,9 +86,10 @@ def comparison(p, obs, row, i):
     weights = torch.softmax(torch.stack([p["compare_choice"][q] + p["compare_position"][min(m, last)]
                                          for m, q in zip(tokens, question)]), 0)
     logits = p["compare_bias"]
+    flip = sum(p["compare_flip"][symbol] for symbol in fi.values())  # the fact's symbols turn what a match says
     for b, symbol in fi.items():
         match = sum(w * float(q == symbol) for w, q in zip(weights, question))
-        logits = logits + match * p["compare_logits"][b]
+        logits = logits + match * (p["compare_logits"][b] + flip * p["compare_flip_logits"][b])
     gate = torch.exp(sum(p["compare_by_symbol"][symbol] for symbol in fi.values()))
     return gate, _on_symbols(torch.softmax(logits, 0), p)
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .fact_comparison import COMPARISON_SHAPES
+from .fact_comparison import COMPARISON_SHAPES, FLIP_START
 from .fact_parameters import COPY_QUESTION_TERMS
 from .fact_variational import EMBEDDED_SYMBOLS
 
@@ -36,10 +36,16 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     """A checkpoint written before the copy had its question terms (:data:`~.fact_parameters.COPY_QUESTION_TERMS`)
     gets them at 0, the head it was trained as. Their shapes come from the state dict's own ``emission_mix``
     (``2 F + 1``) and ``copy_by_symbol`` (``S``). An embedded head's checkpoint written before
-    ``embedded_symbols`` gets it all True: every symbol owned a row then."""
+    ``embedded_symbols`` gets it all True: every symbol owned a row then. One written before the comparison's flip
+    gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with."""
     embedding = state_dict.get("symbol_embedding", state_dict.get("embedding_guide.loc"))
     if isinstance(embedding, torch.Tensor) and EMBEDDED_SYMBOLS not in state_dict:
         state_dict = {**state_dict, EMBEDDED_SYMBOLS: torch.ones(embedding.shape[0], dtype=torch.bool)}
+    logits, by_symbol = state_dict.get("compare_logits"), state_dict.get("compare_by_symbol")
+    if isinstance(logits, torch.Tensor) and isinstance(by_symbol, torch.Tensor) and \
+            "compare_flip_logits" not in state_dict:  # flip weights 0: the comparison it was trained with
+        state_dict = {**state_dict, "compare_flip_logits": torch.zeros_like(logits),
+                      "compare_flip": torch.full_like(by_symbol, FLIP_START)}
     if "emission_mix" not in state_dict or "copy_by_symbol" not in state_dict or \
             any(name in state_dict for name in COPY_QUESTION_TERMS):
         return state_dict

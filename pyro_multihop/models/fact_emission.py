@@ -44,7 +44,8 @@ class FactEmission:
             probs = sum(tables[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a])
                         for a in range(self.num_fields))
         if self._comparison_weighs():
-            probs = probs + compares * comparison.comparison_probs(matches, self.compare_logits, self.compare_bias)
+            probs = probs + compares * comparison.comparison_probs(matches, self._comparison_logits(),
+                                                                   self.compare_bias)
         if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
             probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
         probs = probs.scatter_add(-1, obs.facts, copies)
@@ -54,6 +55,11 @@ class FactEmission:
         """An embedded head's emission normalisers, computed once per (field, symbol) of the chunks they serve."""
         return embedded.FieldNormalisers(self.embedding_matrix(), self.emission_bilinear, self.output_embedding,
                                          self.answer_bias, self.embedded_symbols)
+
+    def _comparison_logits(self) -> torch.Tensor:
+        """``(2 F, A)``: ``compare_logits`` over ``compare_flip_logits``, the weights of
+        :func:`~.fact_comparison.flipped_matches`."""
+        return torch.cat([self.compare_logits, self.compare_flip_logits])
 
     def _comparison_weighs(self) -> bool:
         """Whether the comparison component has any weight (its mixture logit above ``MASKED_LOGIT``): where it has
@@ -81,13 +87,15 @@ class FactEmission:
                                        for a in range(self.num_fields)], -1).exp()
         probs = (tables * table_probs * emitted + copies * (obs.facts == target.unsqueeze(-1))).sum(-1, keepdim=True)
         if self._comparison_weighs():
-            compared = comparison.comparison_log_probs(matches, answer, self.compare_logits, self.compare_bias).exp()
+            compared = comparison.comparison_log_probs(matches, answer, self._comparison_logits(),
+                                                       self.compare_bias).exp()
             probs = probs + compares * (compared.unsqueeze(-1) * emitted)
         return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
 
     def _mixture_weights(self, obs: FactObservations):
         """``(table weights (c, N, F), copy weights (c, N, F), comparison weight (c, N, 1), their total (c, N, 1),
-        the comparison's matches (c, N, F))``: over each fact's real fields ``mix[0, a]`` and
+        the comparison's features (c, N, 2 F): :func:`~.fact_comparison.flipped_matches`)``: over each fact's real
+        fields ``mix[0, a]`` and
         ``mix[1, a] exp(copy_by_symbol[f_i^a])``, and ``mix[2 F] exp(sum_a compare_by_symbol[f_i^a])``, formed in
         log space and scaled by each fact's largest, so that none overflows."""
         chunk = self._chunk(obs)
@@ -103,6 +111,7 @@ class FactEmission:
         weights_e = comparison.token_weights(padded(self.compare_choice, 1), self.compare_position,
                                              chunk.question, chunk.real_tokens)
         matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
+        matches = comparison.flipped_matches(matches, padded(self.compare_flip, 1), chunk.fields, real)
         return weights[..., :F], weights[..., F:2 * F], weights[..., 2 * F:], weights.sum(-1, keepdim=True), matches
 
     def emission_mixture(self, obs: FactObservations, weights: torch.Tensor) -> torch.Tensor:
@@ -121,7 +130,7 @@ class FactEmission:
             learnt = sum((tables * share)[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a])
                          for a in range(self.num_fields))
         if self._comparison_weighs():
-            learnt = learnt + compares * share * comparison.comparison_probs(matches, self.compare_logits,
+            learnt = learnt + compares * share * comparison.comparison_probs(matches, self._comparison_logits(),
                                                                            self.compare_bias)
         learnt = learnt.sum(-2)  # (c, A)
         if self.answer_symbols is not None:  # (c, A) -> (c, S)

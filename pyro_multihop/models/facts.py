@@ -38,7 +38,8 @@ tokens with the fact's fields (:mod:`.fact_comparison`)::
     p(t | fact i) ∝ sum_a [real field a of i] (mix[0, a] softmax(emission_tables[a][f_i^a])[t]
                                               + mix[1, a] exp(copy_logit(i, a)) [t == f_i^a])
                     + mix[2 F] exp(sum_a compare_by_symbol[f_i^a]) p_compare(t | i)
-    p_compare(t | i) = softmax_t(compare_bias[t] + sum_b match_b(i) compare_logits[b, t]),
+    p_compare(t | i) = softmax_t(compare_bias[t] + sum_b match_b(i) (compare_logits[b, t]
+                                  + sum_a compare_flip[f_i^a] compare_flip_logits[b, t])),
     match_b(i) = sum_m w_E[m] [q_m == f_i^b],   w_E = softmax_m(compare_choice[q_m] + compare_position[min(m, P)])
 
 with ``mix = softmax(emission_mix)`` over the ``2 F + 1`` components: how much a field's copy weighs depends on
@@ -82,6 +83,7 @@ from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
+from .fact_comparison import FLIP_START
 from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_variational import EmbeddingPosterior
@@ -205,6 +207,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                 value = torch.randn(shape, generator=generator, dtype=dtype) / self.embed_dim ** 0.5
             elif name in EQUALITY_WEIGHTS:
                 value = torch.full(shape, EQUALITY_START, dtype=dtype)
+            elif name == "compare_flip":
+                value = torch.full(shape, FLIP_START, dtype=dtype)
             else:
                 value = torch.zeros(shape, dtype=dtype)
             self._set_parameter(name, value, initial_scale)
@@ -264,7 +268,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice`` and ``compare_by_symbol``, 1e-2 on ``copy_by_question``, 3e-3 on the
+        ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol`` and ``compare_flip``, 1e-2 on ``copy_by_question``, 3e-3 on the
         order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
         of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay).
         Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
@@ -283,7 +287,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         (``fact_chain_task``, 300 rows, ``D = 8``: 1.0, 0.907 at 2e-2). A symbol that training never showed has a
         gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
-                  "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol")
+                  "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol",
+                  "compare_flip")
         decay = {name: 3e-2 for name in tables}
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},

@@ -198,3 +198,49 @@ def test_the_comparison_is_off_by_default_exactly_and_on_when_asked(tmp_path):
     assert on.config()["comparison"] is True and "comparison" not in off.config()
     save_checkpoint(tmp_path / "on.pt", on)
     assert load_checkpoint(tmp_path / "on.pt")[0].comparison is True
+
+
+def test_a_checkpoint_without_the_flip_loads_as_the_head_it_was(tmp_path):
+    """A checkpoint written before the comparison's flip (no ``compare_flip``, ``compare_flip_logits``) loads with
+    the flip's weights at 0, the comparison it was trained with: its likelihood equals the saved head's with its
+    flip weights set to 0 (brute force checks that head), and not the head's own, whose flip weighs."""
+    head = compare_heavy_head(2, seed=4)
+    obs = factories.random_fact_observations(5, N, F, M, S, seed=8, padded=True)
+    payload = torch.load(save_checkpoint(tmp_path / "new.pt", head, step=0), weights_only=False)
+    for name in ("compare_flip", "compare_flip_logits"):
+        del payload["state_dict"][name]
+    del payload["sha256"]  # edited; a file without a digest loads (written before digests existed)
+    torch.save(payload, tmp_path / "old.pt")
+    old, _ = load_checkpoint(tmp_path / "old.pt")
+    assert float(old.compare_flip_logits.abs().max()) == 0
+    with torch.no_grad():
+        head.compare_flip_logits.zero_()
+    expected = oracle.log_likelihood(oracle.path_tables(head, obs, oracle_tables(head))[0])
+    assert torch.allclose(old.log_likelihood(obs), expected, atol=1e-9, rtol=0)
+    restored, _ = load_checkpoint(save_checkpoint(tmp_path / "kept.pt", compare_heavy_head(2, seed=4), step=0))
+    assert not torch.allclose(restored.log_likelihood(obs), expected, atol=1e-6)  # a stored flip is kept
+
+
+def test_the_flip_lets_a_fact_symbol_turn_a_match_into_a_no():
+    """Set by hand: a one-hop head whose comparison says *yes* where the fact's field 2 equals the question's last
+    token, unless the fact holds a flipping symbol, then *no*; for symbols never seen, on rows built here."""
+    yes, no, flip, plain = 0, 1, 2, 3  # answers and the flipping word; places are 10..19
+    num_symbols = 20
+    head = FactAttention(1, 3, num_symbols, max_question_len=2, dtype=torch.float64, comparison=True)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.zero_()
+        head.emission_mix[:-1] = -60.0  # the comparison alone
+        head.compare_position[1] = 40.0  # the question's second token
+        head.compare_bias[no] = 5.0
+        head.compare_logits[2, yes] = 10.0  # a match says yes ...
+        head.compare_flip[flip] = 1.0
+        head.compare_flip_logits[2, yes] = -20.0  # ... unless the flipping word is in the fact
+    facts = torch.tensor([[[5, flip, 12]], [[5, plain, 12]], [[5, plain, 13]], [[5, flip, 13]]])
+    question = torch.tensor([[5, 12]] * 4)
+    obs = FactObservations(facts, question, torch.tensor([no, yes, no, no]))
+    predicted = head.predict_proba(obs).argmax(-1)
+    assert predicted.tolist() == [no, yes, no, no]
+    with torch.no_grad():
+        head.compare_flip_logits.zero_()
+    assert head.predict_proba(obs).argmax(-1).tolist() == [yes, yes, no, no]  # without it the negation says yes
