@@ -200,3 +200,16 @@ def chained_as_fact_parameters(chained):
     return {"question_tables": question, "content_tables": content, "emission_tables": emission,
             "emission_mix_probs": [0.0, 1.0, 0.0, 0.0], "question_equality": torch.zeros(L, 2, dtype=scores.dtype),
             "field_equality": torch.zeros(L - 1, 2, 2, dtype=scores.dtype)}
+
+
+def checkpoint_without(head, names, folder):
+    """The path of ``head``'s checkpoint as an earlier release wrote it: the parameters ``names`` missing from its
+    state dict, and no digest (a file without one loads: written before digests existed; this one is edited)."""
+    from pyro_multihop import save_checkpoint
+
+    payload = torch.load(save_checkpoint(folder / "new.pt", head, step=0), weights_only=False)
+    for name in names:
+        del payload["state_dict"][name]
+    del payload["sha256"]
+    torch.save(payload, folder / "old.pt")
+    return folder / "old.pt"

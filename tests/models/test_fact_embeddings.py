@@ -264,12 +264,7 @@ def test_embedded_symbols_is_checked_and_old_checkpoints_own_every_row(tmp_path)
     with pytest.raises(ValueError, match="embedded_symbols needs embed_dim"):
         FactAttention(2, F, S, embedded_symbols=[True] * S)
     head = random_embedded_head(2)
-    save_checkpoint(tmp_path / "old.pt", head)
-    payload = torch.load(tmp_path / "old.pt", weights_only=False)
-    del payload["state_dict"]["embedded_symbols"]  # as written before the option
-    del payload["sha256"]  # edited; a file without a digest loads (written before digests existed)
-    torch.save(payload, tmp_path / "old.pt")
-    loaded = load_checkpoint(tmp_path / "old.pt")[0]
+    loaded = load_checkpoint(factories.checkpoint_without(head, ("embedded_symbols",), tmp_path))[0]  # before it
     assert loaded.embedded_symbols.all() and torch.equal(loaded.symbol_embedding, head.symbol_embedding)
     partial = FactAttention(2, F, S, embed_dim=D, embedded_symbols=[True, False] * 3)
     save_checkpoint(tmp_path / "new.pt", partial)
