@@ -36,6 +36,17 @@ class FactEmission:
         a probability below the dtype's smallest normal number is raised to it (so a target the mixture
         cannot emit gets ``log(tiny)``, about -708 in float64, and every gradient stays finite)."""
         tables, copies, compares, total, matches = self._mixture_weights(obs)
+        probs = self._learnt_probs(obs, tables, compares, matches)
+        if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
+            probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
+        probs = probs.scatter_add(-1, obs.facts, copies)
+        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+    def _learnt_probs(self, obs: FactObservations, tables: torch.Tensor, compares: torch.Tensor,
+                      matches) -> torch.Tensor:
+        """``(c, N, A)``: the learnt components over the answers, each fact's tables weighted by ``tables``
+        ``(c, N, F)`` and its comparison by ``compares`` ``(c, N, 1)`` (unnormalised: :meth:`_mixture_weights`'s, or
+        those times a mixing weight)."""
         if self.embed_dim is not None:
             probs = embedded.table_probs(obs.facts, self.embedding_matrix(), self.emission_bilinear,
                                          self.output_embedding, self.answer_bias, tables)
@@ -46,10 +57,7 @@ class FactEmission:
         if self._comparison_weighs():
             probs = probs + compares * comparison.comparison_probs(matches, self._comparison_logits(),
                                                                    self.compare_bias)
-        if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
-            probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
-        probs = probs.scatter_add(-1, obs.facts, copies)
-        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
+        return probs
 
     def field_normalisers(self) -> "embedded.FieldNormalisers":
         """An embedded head's emission normalisers, computed once per (field, symbol) of the chunks they serve."""
@@ -94,8 +102,8 @@ class FactEmission:
 
     def _mixture_weights(self, obs: FactObservations):
         """``(table weights (c, N, F), copy weights (c, N, F), comparison weight (c, N, 1), their total (c, N, 1),
-        the comparison's features (c, N, 2 F): :func:`~.fact_comparison.flipped_matches`)``: over each fact's real
-        fields ``mix[0, a]`` and
+        the comparison's features (c, N, 2 F), :func:`~.fact_comparison.flipped_matches`, or None where the
+        comparison has no weight)``: over each fact's real fields ``mix[0, a]`` and
         ``mix[1, a] exp(copy_by_symbol[f_i^a])``, and ``mix[2 F] exp(sum_a compare_by_symbol[f_i^a])``, formed in
         log space and scaled by each fact's largest, so that none overflows."""
         chunk = self._chunk(obs)
@@ -108,10 +116,12 @@ class FactEmission:
         logits = torch.cat([mix[:F] + torch.zeros_like(copy_logits), mix[F:2 * F] + copy_logits], -1)
         logits = torch.cat([logits.masked_fill(~real.repeat(1, 1, 2), MASKED_LOGIT), mix[2 * F] + compare_logits], -1)
         weights = (logits - logits.detach().max(-1, keepdim=True).values).exp()  # (c, N, 2 F + 1)
-        weights_e = comparison.token_weights(padded(self.compare_choice, 1), self.compare_position,
-                                             chunk.question, chunk.real_tokens)
-        matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
-        matches = comparison.flipped_matches(matches, padded(self.compare_flip, 1), chunk.fields, real)
+        matches = None  # read only where the comparison weighs
+        if self._comparison_weighs():
+            weights_e = comparison.token_weights(padded(self.compare_choice, 1), self.compare_position,
+                                                 chunk.question, chunk.real_tokens)
+            matches = comparison.field_matches(weights_e, chunk.question, chunk.fields, real)
+            matches = comparison.flipped_matches(matches, padded(self.compare_flip, 1), chunk.fields, real)
         return weights[..., :F], weights[..., F:2 * F], weights[..., 2 * F:], weights.sum(-1, keepdim=True), matches
 
     def emission_mixture(self, obs: FactObservations, weights: torch.Tensor) -> torch.Tensor:
@@ -122,17 +132,7 @@ class FactEmission:
         floor (a position's probability raised to the dtype's smallest normal number)."""
         tables, copies, compares, total, matches = self._mixture_weights(obs)
         share = weights.unsqueeze(-1) / total  # (c, N, 1): each fact's weight over its mixture's total
-        if self.embed_dim is not None:
-            learnt = embedded.table_probs(obs.facts, self.embedding_matrix(), self.emission_bilinear,
-                                          self.output_embedding, self.answer_bias, tables * share)
-        else:
-            rows = self.emission_tables.softmax(-1)  # (F, S, A)
-            learnt = sum((tables * share)[..., a, None] * torch.nn.functional.embedding(obs.facts[..., a], rows[a])
-                         for a in range(self.num_fields))
-        if self._comparison_weighs():
-            learnt = learnt + compares * share * comparison.comparison_probs(matches, self._comparison_logits(),
-                                                                           self.compare_bias)
-        learnt = learnt.sum(-2)  # (c, A)
+        learnt = self._learnt_probs(obs, tables * share, compares * share, matches).sum(-2)  # (c, A)
         if self.answer_symbols is not None:  # (c, A) -> (c, S)
             learnt = learnt.new_zeros(len(obs), self.num_symbols).index_add_(-1, self.answer_symbols, learnt)
         return learnt.scatter_add(-1, obs.facts.flatten(1), (copies * share).flatten(1))

@@ -199,16 +199,18 @@ class FieldNormalisers:
         fields = fields.clamp(min=-1)  # padding (-1 or S) has a slot of its own at the end of each row
         if self.shared is not None:
             fields = fields.masked_fill(self.shared[fields], -1)
-        new, padded = [], torch.cat([embedding, embedding.new_zeros(1, embedding.shape[-1])])  # row -1: e = 0
+        new = []
         for a in range(fields.shape[-1]):
             symbols = torch.unique(fields[..., a])
             missing = symbols[self.position[a, symbols] < 0]
             if len(missing):
                 self.position[a, missing] = torch.arange(self.count, self.count + len(missing), device=fields.device)
                 self.count += len(missing)
-                new.append(padded[missing] @ bilinear[a])
-        if new:
-            self.parts.append(LogNormaliser.apply(torch.cat(new), output, bias))
+                new.append((a, missing))
+        if new:  # symbol -1 (padding, and every symbol without a row) reads e = 0
+            padded = torch.nn.functional.pad(embedding, (0, 0, 0, 1))
+            hidden = torch.cat([padded[missing] @ bilinear[a] for a, missing in new])
+            self.parts.append(LogNormaliser.apply(hidden, output, bias))
         norms = self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)
         columns = torch.arange(fields.shape[-1], device=fields.device)
         return norms[self.position[columns, fields]]
