@@ -305,9 +305,11 @@ def diagnose_hops(
       choosing one (rows with a single real position are left out);
     - :class:`CopiedHopWarning`: hop ``l``'s MAP position equals hop ``l - 1``'s on at least ``share`` of
       the rows (neither hop flat);
-    - :class:`FixedHopWarning`: one position is the hop's MAP position on at least ``fixed`` of the rows (the
-      hop not flat), as when a hop sits on each row's first fact (bAbI task 3's idle first hop: about 60 % of
-      the rows, where the rows' facts differ);
+    - :class:`FixedHopWarning`: one position is the hop's MAP position on at least ``fixed`` of the rows and on
+      at least 1.5 times the share that chance gives it (the mean over the rows of ``1 / (real positions)`` where
+      it is real: rows of two facts put a fair hop on position 0 half of the time), the hop not flat, as when a
+      hop sits on each row's first fact (bAbI task 3's idle first hop: about 60 % of the rows, where the rows'
+      facts differ);
     - :class:`StartsDisagreeWarning`: the ``accuracies`` of several starts span more than ``spread``
       (:func:`diagnose_starts`).
 
@@ -361,7 +363,8 @@ def diagnose_hops(
         counts = torch.bincount(choices[hop], minlength=marginals.shape[2])
         position = int(counts.argmax())
         on_position = float(counts[position]) / rows
-        if on_position >= fixed:
+        chance = float((real[:, position] / n_real.clamp_min(1)).double().mean())
+        if on_position >= max(fixed, 1.5 * chance):
             found.append(FixedHopWarning(
                 f"hop {hop + 1} chooses position {position} on {on_position:.0%} of the rows, whatever they hold",
                 "unless the data put that hop's fact there, try more --starts or a lower --lr (e.g. 0.03)",

@@ -45,6 +45,11 @@ def score(p, obs, row, hop, previous, j, D):
         q = int(obs.question[row, m])
         for b, symbol in fj.items():
             total = total + w * (p["question_equality"][hop, b] * float(q == symbol) + p["question_tables"][hop, b, q, symbol])
+    # the question pattern: every ordered pair of (token, field) matches, positions past P in the P-th's bin
+    pairs = [(min(m, last), b) for m in tokens for b, symbol in fj.items() if int(obs.question[row, m]) == symbol]
+    for m, b in pairs:
+        for m2, b2 in pairs:
+            total = total + p["question_pattern"][hop, m, b, m2, b2]
     rank = {i: r for r, i in enumerate(real)}
     age = min(len(real) - 1 - rank[j], D) / UNIT
     if previous is None:

@@ -502,5 +502,5 @@ def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
             text = " ".join(capsys.readouterr().out.split())
             shown = f"{value}, one plain fit" if command == "train" else \
                 f"{value + 4} where the comparison is on (with and without it, from the equality weights at 1 and at " \
-                f"0), else {value}"
+                f"0, with and without the word-order terms), else {value}"
             assert f"(default: {shown}; docs/svi.md)" in text, command

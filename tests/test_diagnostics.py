@@ -279,6 +279,20 @@ def test_a_hop_on_one_fixed_position_is_flagged():
     assert (fixed == 0).sum() == 16 and hop_kinds(marginals, real) == []
 
 
+def test_a_position_chosen_as_often_as_chance_gives_is_not_fixed():
+    """Rows of two facts (bAbI task 4): a hop that finds each row's fact lands on position 0 on about half of the
+    rows, as a fair coin would; it is flagged only where it sits there well beyond the rows' chance (1.5 times)."""
+    real = torch.zeros(ROWS, N, dtype=torch.bool)
+    real[:, :2] = True
+    chosen = (torch.arange(ROWS) % 5 < 3).long() ^ 1  # position 0 on 60 % of the rows, 1 on the rest
+    marginals = torch.stack([sharp(chosen, real)] * L)
+    marginals[1] = sharp(1 - chosen, real)  # no hop copies the one before
+    assert float((chosen == 0).double().mean()) == 0.6 and hop_kinds(marginals, real) == []
+    chosen[: ROWS * 4 // 5] = 0  # 80 % on position 0: over 1.5 times the 50 % of chance
+    marginals[2] = sharp(chosen, real)
+    assert hop_kinds(marginals, real) == [(FixedHopWarning, "3")]
+
+
 def test_starts_that_disagree_by_more_than_a_point_are_flagged():
     with pytest.warns(StartsDisagreeWarning, match="3 starts disagree: accuracy from 0.900 to 0.950"):
         found = diagnose_starts([0.95, 0.9, None, 0.93, math.nan])

@@ -333,8 +333,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     only a learnt part of the emission can give such an answer, and a yes / no / maybe answer needs the comparison;
     where every answer is in a fact (a knowledge base's entities) it stays off. The rule reads no word. ``starts`` by
     default: :data:`~.command_defaults.COMPARISON_STARTS` where the comparison is on (starts 1 and 3 are the
-    emission without it, starts 2 and 3 the equality weights at 0: ``FactAttention.start_variant``, so the held-out
-    log-likelihood chooses whether the comparison stays and where training starts), else 1. ``hops``: the old name
+    emission without it, starts 2 and 3 the equality weights at 0, starts 4-7 the same four with the word-order
+    terms held at 0: ``FactAttention.start_variant``, so the held-out log-likelihood chooses whether the comparison
+    stays, where training starts and whether the word-order terms are used), else 1. ``hops``: the old name
     of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if embed_min_count is not None and embed_dim is None:
@@ -365,7 +366,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     _report(log, answers_outside_facts_message(test_records, "test"))
     if chosen and comparison and log is not None:
         log(f"note: the emission's comparison is on, since some training answers occur in no fact; {starts} starts, "
-            "with and without it, from the equality weights at 1 and at 0, the best held-out log-likelihood kept "
+            "with and without it, from the equality weights at 1 and at 0, with and without the word-order terms, the "
+            "best held-out log-likelihood kept "
             "(--no-comparison: off)")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")

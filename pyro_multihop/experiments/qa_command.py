@@ -77,7 +77,8 @@ def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None
     comparison is on, with and without it from two starts of the equality weights, else 1)."""
     starts = command_defaults.STARTS
     default = (f"{command_defaults.COMPARISON_STARTS} where the comparison is on (with and without it, from the "
-               f"equality weights at 1 and at 0), else {starts}" if facts else f"{starts}, one plain fit")
+               f"equality weights at 1 and at 0, with and without the word-order terms), else {starts}" if facts
+               else f"{starts}, one plain fit")
     command.add_argument("--starts", type=positive_int, default=None if facts else starts,
                          help="fit this many SVI starts (start 0 the plain fit, the others perturbed or the head's "
                          "own) and keep the one with the best held-out log-likelihood (on the held-out data given, "

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from .fact_comparison import COMPARISON_SHAPES, FLIP_START
-from .fact_parameters import COPY_QUESTION_TERMS
+from .fact_parameters import COPY_QUESTION_TERMS, QUESTION_PATTERN
 from .fact_variational import EMBEDDED_SYMBOLS
 
 __all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
@@ -37,7 +37,14 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     gets them at 0, the head it was trained as. Their shapes come from the state dict's own ``emission_mix``
     (``2 F + 1``) and ``copy_by_symbol`` (``S``). An embedded head's checkpoint written before
     ``embedded_symbols`` gets it all True: every symbol owned a row then. One written before the comparison's flip
-    gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with."""
+    gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with.
+    One written before the hops' question pattern gets ``question_pattern`` at 0 (its shape from the state dict's
+    ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``)."""
+    position, equality = state_dict.get("question_position"), state_dict.get("question_equality")
+    if isinstance(position, torch.Tensor) and isinstance(equality, torch.Tensor) and position.dim() == 2 and \
+            equality.dim() == 2 and QUESTION_PATTERN not in state_dict:
+        (L, P), F = position.shape, equality.shape[1]
+        state_dict = {**state_dict, QUESTION_PATTERN: position.new_zeros(L, P, F, P, F)}
     embedding = state_dict.get("symbol_embedding", state_dict.get("embedding_guide.loc"))
     if isinstance(embedding, torch.Tensor) and EMBEDDED_SYMBOLS not in state_dict:
         state_dict = {**state_dict, EMBEDDED_SYMBOLS: torch.ones(embedding.shape[0], dtype=torch.bool)}

@@ -40,6 +40,7 @@ class FactFeatures:
         self._distance = None
         self._pair_index = None
         self._question_index = None
+        self._question_matches = None
         self.vectors = None  # the embedded head's (question, facts) embedding rows, gathered on first use
 
     def distance_and_later(self):
@@ -87,6 +88,20 @@ class FactFeatures:
             question = self._symbols(self.question) * size  # (c, M)
             self._question_index = (fields + offsets).unsqueeze(1) + question.view(*question.shape, 1, 1)
         return self._question_index
+
+    def question_matches(self, num_positions: int) -> torch.Tensor:
+        """``(c, N, P F)``: ``[r, j, p F + b]`` = the number of real question tokens ``m`` at position ``min(m, P)``
+        equal to the real field ``b`` of fact ``j`` (``P`` = ``num_positions``; tokens past the ``P``-th share its
+        bin), in the parameters' dtype; one ``(c, N, F)`` comparison a token, built on first use."""
+        if self._question_matches is None:
+            c, N, F = self.fields.shape
+            matches = self.rank.new_zeros(c, N, num_positions, F)
+            for m in range(self.question.shape[1]):
+                same = (self.fields == self.question[:, m, None, None]) & self.real_fields
+                same = same & self.real_tokens[:, m, None, None]
+                matches[:, :, min(m, num_positions - 1)] += same.to(matches.dtype)
+            self._question_matches = matches.view(c, N, num_positions * F)
+        return self._question_matches
 
 
 class FieldPairs(torch.autograd.Function):

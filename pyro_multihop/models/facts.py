@@ -18,6 +18,7 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
 ``U`` = :data:`~pyro_multihop.models.chained.DISTANCE_UNIT`)::
 
     s_l(i, j) = sum_m w_l[m] sum_b (question_equality[l, b] [q_m == f_j^b] + question_tables[l, b][q_m, f_j^b])
+              + sum_{m, b, m', b'} question_pattern[l, m, b, m', b'] [q_m == f_j^b] [q_m' == f_j^b']
               + sum_{a, b} (field_equality[l, a, b] [f_i^a == f_j^b] + content_tables[l, a, b][f_i^a, f_j^b])
               + (age_slopes[l] + sum_a age_by_symbol[l, a, f_i^a]) min(age_j, D) / U
               + (offset_slopes[l] + sum_a offset_by_symbol[l, a, f_i^a]) min(|rank_j - rank_i|, D) / U
@@ -28,7 +29,11 @@ A hop never attends the fact the hop before it attended (``revisit=False``, the 
 fact excepted), so that no hop can idle by repeating its predecessor; ``revisit=True`` lets it (the chained head's
 rule). Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L,
 so their parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for short).
-Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit.
+Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit (and
+its ``question_pattern`` entries). The question pattern reads *where* the question's tokens stand in a candidate,
+two at a time: "what is D of X" and "what is X D of" ask for facts that match the direction word and the place
+in opposite arrangements, an exclusive or of two matches that no sum of single matches expresses
+(:meth:`FactAttention.pattern_term`).
 ``age_j`` counts the real facts after ``j``, ``rank_j`` those before it; ``near_before^a(i)``
 (``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
 Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission
@@ -88,7 +93,7 @@ from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, ORDER_BY_SYMBOL, PARAMETER_SHAPES,
+from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, ORDER_BY_SYMBOL, PARAMETER_SHAPES, WORD_ORDER_TERMS,
                               answer_symbols_tensor, initial_value, mix_logits, parameter_elements, parameter_shapes,
                               shape_of)
 
@@ -165,6 +170,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                  embedded_symbols=None):
         super().__init__()
         self.comparison = bool(comparison)
+        # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
+        # get no gradient and stay 0, the same function as a head with them on at 0 (what its checkpoint loads as)
+        self.word_order = True
         if not isinstance(revisit, bool):
             raise TypeError(f"revisit must be a bool, got {revisit!r}")
         self.revisit = revisit
@@ -221,15 +229,28 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
           weight and gradient exactly 0: the comparison can answer before the hops have found their facts, bAbI
           task 15), start 2 the equality weights at 0, start 3 both.
         - Without it, start 1 is the equality weights at 0.
+        - Then the same starts again (the head's own first) with the word-order terms held at 0
+          (:data:`~.fact_parameters.WORD_ORDER_TERMS`: the question's pattern): starts 4-7 with the comparison on,
+          2-3 without it.
 
         The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from
         it a hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9;
-        docs/facts.md, "Where training starts")."""
-        variants = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
+        docs/facts.md, "Where training starts"). The word-order terms let a hop read where the question's words
+        stand in a fact (bAbI task 4), and from every start they trap tasks 9 and 15, whose fits without them
+        have the better held-out likelihood."""
+        self.word_order = True
+        plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
+        variants = plain + ((),) + plain
         if not 1 <= start <= len(variants):
             return None
         said = []
         with torch.no_grad():
+            if start > len(plain):
+                self.word_order = False
+                for name in WORD_ORDER_TERMS:
+                    if hasattr(self, name):
+                        getattr(self, name).zero_()
+                said.append("the word-order terms held at 0")
             if "zero" in variants[start - 1]:
                 for name in EQUALITY_WEIGHTS:
                     getattr(self, name).zero_()
@@ -268,7 +289,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol`` and ``compare_flip``, 1e-2 on ``copy_by_question``, 3e-3 on the
+        ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 1e-2 on
+        ``copy_by_question``, 3e-3 on the
         order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
         of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay).
         Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
@@ -296,6 +318,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         else:  # measured on bAbI: docs/facts.md, the order terms' decay
             decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL})
         decay["copy_by_question"] = 1e-2  # measured on bAbI: docs/facts.md, the copy's question terms
+        decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 
     # -- validation -----------------------------------------------------------------------------------------
@@ -332,6 +355,17 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         tables = padded(self.question_tables[hop] + self.question_equality[hop, :, None, None] * eye, 2)  # (F, S+1, S+1)
         match = flat_gather(tables, chunk.question_index())  # (c, M, F, N)
         return (weights[..., None, None] * match).sum((1, 2))
+
+    def pattern_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
+        """``(c, N)``: ``u_j^T question_pattern[hop] u_j``, with ``u_j`` ``(P F,)`` the counts of question tokens at
+        each position equal to each real field of fact ``j`` (:meth:`FactFeatures.question_matches`): a weight for
+        every pair of (position, field) matches, so a match can count for or against a candidate depending on
+        another. ``O(c N (P F)^2)``, no symbol table: the same for the embedded head."""
+        matches = chunk.question_matches(self.max_question_len)  # (c, N, P F)
+        if not self.word_order:  # held at 0 by a start (start_variant)
+            return matches.new_zeros(matches.shape[:2])
+        K = matches.shape[-1]
+        return (matches @ self.question_pattern[hop].reshape(K, K) * matches).sum(-1)
 
     def pair_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
@@ -402,12 +436,13 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         if not self.revisit:  # nor the previous hop's fact, unless it is the row's only real fact
             stay = torch.eye(chunk.real.shape[-1], dtype=torch.bool, device=blocked.device)
             blocked = blocked | (stay & (chunk.real.sum(-1) > 1).view(-1, 1, 1))  # (c, N, N)
-        first = self.question_term(0, chunk) + self.age_slopes[0] * chunk.age
+        first = self.question_term(0, chunk) + self.pattern_term(0, chunk) + self.age_slopes[0] * chunk.age
         first = first.masked_fill(~chunk.real, MASKED_LOGIT)
         later = []
         for hop in range(1, self.n_hops):
             # Every term is added in place into the fresh pair term: none of these ops keeps its input.
-            logits = self.pair_term(hop, chunk).add_(self.question_term(hop, chunk).unsqueeze(-2))
+            about_question = self.question_term(hop, chunk) + self.pattern_term(hop, chunk)  # (c, N)
+            logits = self.pair_term(hop, chunk).add_(about_question.unsqueeze(-2))
             logits = self.add_nearest_term(hop, chunk, self.add_order_term(hop, chunk, logits))
             later.append(logits.masked_fill_(blocked, MASKED_LOGIT))
         return first, later
@@ -425,8 +460,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
 
         def extra_elements(N: int) -> float:
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
-            # hop, the emission's logaddexps, the question's (M, F, N) index and matches
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 6 * N * S + 3 * P * N * F
+            # hop, the emission's logaddexps, the question's (M, F, N) index and matches, the pattern's (P F)
+            # counts and their product with it
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 6 * N * S + 5 * P * N * F
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop, the
@@ -434,7 +470,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
             # (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S) emission of
             # predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
             D, A = self.embed_dim, self.num_answers
-            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 4 * N * A + 3 * P * N * F + 4 * L * N * F * D
+            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
 
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query

@@ -264,6 +264,10 @@ def fit_svi_starts(
         kept_result = results[kept]
     for record in records:
         record["kept"] = record["start"] == kept
+    start_variant = getattr(model, "start_variant", None)
+    if start_variant is not None:  # start 0, the head's own: undoes what a variant set beside the parameters
+        with torch.no_grad():
+            start_variant(0)
     model.load_state_dict({k: v.to(device) for k, v in kept_result.state.items()})
     if distributed.rank() == kept % distributed.world_size():
         _copy_kept_files(kept, checkpoint, best_checkpoint)

@@ -230,18 +230,21 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
     # Answers outside the facts turn the emission's comparison on, with starts without it: then the
     # note of the kept start and the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
     results = json.loads((tmp_path / "command" / "results.json").read_text())
+    own = ["the emission without its comparison component", "the equality weights at 0",
+           "the equality weights at 0 and the emission without its comparison component"]
+    held = "the word-order terms held at 0"
     assert results["comparison"] and [start["start_from"] for start in results["starts"]] == \
-        ["the head's own start", "the emission without its comparison component", "the equality weights at 0",
-         "the equality weights at 0 and the emission without its comparison component"]
+        ["the head's own start"] + own + [held] + [f"{held} and {said}" for said in own]
     assert notes[:2] == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question "
                          f"({train}:1, {train}:2): only the emission table can learn them (a copy cannot produce them)",
                          f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
                          f"{test}:2): a copy cannot produce them, only the learnt emission table, and only answers "
                          "seen in training"]
     assert notes[2] == ("pyro-multihop: note: the emission's comparison is on, since some training answers occur "
-                        "in no fact; 4 starts, with and without it, from the equality weights at 1 and at 0, the "
-                        "best held-out log-likelihood kept (--no-comparison: off)")
-    assert notes[3].startswith("pyro-multihop: note: 4 starts, kept start ")
+                        "in no fact; 8 starts, with and without it, from the equality weights at 1 and at 0, with "
+                        "and without the word-order terms, the best held-out log-likelihood kept (--no-comparison: "
+                        "off)")
+    assert notes[3].startswith("pyro-multihop: note: 8 starts, kept start ")
     assert notes[4:] == [f"pyro-multihop: {diagnostic_line(record)}" for record in results["diagnostics"]]
 
 

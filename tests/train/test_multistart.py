@@ -11,7 +11,7 @@ import torch
 
 from pyro_multihop import FactAttention, TiedEmbeddingAttention, fact_chain_task, transitive_task
 from pyro_multihop.diagnostics import StartsDisagreeWarning
-from pyro_multihop.models.fact_parameters import EQUALITY_WEIGHTS
+from pyro_multihop.models.fact_parameters import EQUALITY_WEIGHTS, WORD_ORDER_TERMS
 from pyro_multihop.train import STARTS_VAL_FRACTION, fit_svi, split_validation
 from pyro_multihop.train.multistart import perturb_parameters, start_path, start_seed
 from svi_test_heads import GaussianMean, Points, small_head
@@ -150,12 +150,13 @@ def test_a_head_s_own_start_variant_is_fitted_unperturbed_and_recorded():
     is perturbed."""
     obs = fact_chain_task(60, num_facts=4, seed=0)
     with_comparison = FactAttention(2, 3, 68, max_question_len=3, comparison=True)
-    metrics = quiet_fit(with_comparison, obs, starts=5, processes=1)
+    metrics = quiet_fit(with_comparison, obs, starts=9, processes=1)
     records = metrics.attrs["starts"]
-    assert [r["start_from"] for r in records[1:4]] == [
-        "the emission without its comparison component", "the equality weights at 0",
-        "the equality weights at 0 and the emission without its comparison component"]
-    assert records[4]["start_from"].startswith("perturbed")
+    own = ["the emission without its comparison component", "the equality weights at 0",
+           "the equality weights at 0 and the emission without its comparison component"]
+    held = "the word-order terms held at 0"
+    assert [r["start_from"] for r in records[1:8]] == own + [held] + [f"{held} and {said}" for said in own]
+    assert records[8]["start_from"].startswith("perturbed")
     train, val = split_validation(obs, STARTS_VAL_FRACTION, seed=0)
     template = FactAttention(2, 3, 68, max_question_len=3)
     zero = {name: torch.zeros_like(getattr(template, name)) for name in EQUALITY_WEIGHTS}
@@ -168,8 +169,42 @@ def test_a_head_s_own_start_variant_is_fitted_unperturbed_and_recorded():
     # a head without the comparison has one such start, the equality weights at 0; its start 2 is perturbed
     without = FactAttention(2, 3, 68, max_question_len=3)
     assert with_comparison.start_variant(0) is None and without.start_variant(0) is None
-    assert without.start_variant(1) == "the equality weights at 0" and without.start_variant(2) is None
+    assert without.start_variant(1) == "the equality weights at 0" and without.word_order
     assert all(float(getattr(without, name).abs().max()) == 0 for name in EQUALITY_WEIGHTS)
+    assert without.start_variant(2) == "the word-order terms held at 0" and not without.word_order
+    assert without.start_variant(3) == "the word-order terms held at 0 and the equality weights at 0"
+    assert without.start_variant(4) is None and without.word_order  # past the variants: perturbed, terms on
+
+
+def test_the_kept_start_is_read_with_the_head_s_own_terms_after_a_variant_that_held_them():
+    """Eight starts in this process, the last (7) with the word-order terms held at 0: whichever is kept, the head
+    afterwards computes what a fresh head loaded with its parameters computes."""
+    obs = fact_chain_task(60, num_facts=4, seed=0)
+    head = FactAttention(2, 3, 68, max_question_len=3, comparison=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit_svi(head, obs, num_steps=3, progress=False, starts=8, processes=1)
+    fresh = FactAttention(2, 3, 68, max_question_len=3, comparison=True)
+    fresh.load_state_dict(head.state_dict())
+    assert head.word_order and torch.equal(head.log_likelihood(obs), fresh.log_likelihood(obs))
+
+
+def test_a_start_with_the_word_order_terms_held_at_0_keeps_them_at_0():
+    """Fitted from start_variant(2) (no comparison), the question's pattern and the tables shared by every field
+    stay exactly 0, so the fitted head and a fresh head loaded with its parameters (the terms on, at 0) give the
+    same likelihood; the head's own start moves them."""
+    obs = fact_chain_task(60, num_facts=4, seed=0)
+    held, own = FactAttention(2, 3, 68, max_question_len=3), FactAttention(2, 3, 68, max_question_len=3)
+    with torch.no_grad():
+        held.start_variant(2)
+    quiet_fit(held, obs, seed=0)
+    quiet_fit(own, obs, seed=0)
+    for name in (name for name in WORD_ORDER_TERMS if hasattr(held, name)):  # the table head's
+        assert float(getattr(held, name).abs().max()) == 0, name
+        assert float(getattr(own, name).abs().max()) > 0, name
+    loaded = FactAttention(2, 3, 68, max_question_len=3)
+    loaded.load_state_dict(held.state_dict())
+    assert loaded.word_order and torch.equal(loaded.log_likelihood(obs), held.log_likelihood(obs))
 
 
 def test_seeded_starts_are_reproducible_and_equal_in_processes(obs, three):
