@@ -240,16 +240,15 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         have the better held-out likelihood."""
         self.word_order = True
         plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
-        variants = plain + ((),) + plain
+        variants = plain + tuple(("held",) + variant for variant in ((),) + plain)
         if not 1 <= start <= len(variants):
             return None
         said = []
         with torch.no_grad():
-            if start > len(plain):
+            if "held" in variants[start - 1]:
                 self.word_order = False
                 for name in WORD_ORDER_TERMS:
-                    if hasattr(self, name):
-                        getattr(self, name).zero_()
+                    getattr(self, name).zero_()
                 said.append("the word-order terms held at 0")
             if "zero" in variants[start - 1]:
                 for name in EQUALITY_WEIGHTS:
@@ -361,9 +360,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         each position equal to each real field of fact ``j`` (:meth:`FactFeatures.question_matches`): a weight for
         every pair of (position, field) matches, so a match can count for or against a candidate depending on
         another. ``O(c N (P F)^2)``, no symbol table: the same for the embedded head."""
+        if not self.word_order:  # held at 0 by a start (start_variant): no counts to build
+            return chunk.age.new_zeros(chunk.real.shape)
         matches = chunk.question_matches(self.max_question_len)  # (c, N, P F)
-        if not self.word_order:  # held at 0 by a start (start_variant)
-            return matches.new_zeros(matches.shape[:2])
         K = matches.shape[-1]
         return (matches @ self.question_pattern[hop].reshape(K, K) * matches).sum(-1)
 
