@@ -20,6 +20,13 @@ as ``pyro-multihop babi`` does).
 ``--update`` keeps the rows of the existing ``{name}.csv`` that this invocation does not rerun (marked "kept from an
 earlier run" in the table), so that one expensive task can be left as it was.
 
+``--seeds S [S ...]`` runs every task once a seed (``pyro-multihop babi --seed S``: the seed draws the held-out tenth
+that chooses among a run's starts, the nine tenths that train, the perturbed starts and the mini-batches) and adds
+``{name}_seeds.md``: each task's mean, worst and best answer and supporting-fact accuracy over the seeds, which
+start each seed kept, and the training time::
+
+    python benchmarks/babi.py --data-dir /work/shared/babi/en --tasks 6 9 10 15 --seeds 0 1 2 3 4 --jobs 2 --name babi_seeds --out benchmarks/results
+
 ``--encoding positions`` runs the chained head instead (``pyro_multihop.experiments.chained_babi.run_babi``, two
 (key, value) positions a statement), the encoding of docs/babi.md's earlier tables.
 """
@@ -33,6 +40,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import torch
@@ -82,19 +90,56 @@ def per_hop(shares) -> str:
     return "-" if not shares else " / ".join(percent(share) for share in shares)
 
 
-def write_tables(rows: list, out: Path, name: str, settings: str) -> None:
+def kept_start(row: dict) -> str:
+    """Which start a run kept (``results.json``'s ``starts``), or ``-`` for a run of one start."""
+    kept = [record["start"] for record in row.get("starts") or () if record.get("kept")]
+    return str(kept[0]) if kept else "-"
+
+
+def seed_summary(rows: list) -> list:
+    """One line per ``(train_set, task, hops)`` over its seeds' rows: mean / worst / best answer and supporting-fact
+    accuracy (%), the seeds, the start each kept, and the range of training seconds."""
+    frame = pd.DataFrame(rows)
+    lines = ["| task | training | hops | seeds | answer (%) mean / worst / best | supporting facts (%) mean / worst / best "
+             "| best - worst (points) | kept start by seed | training (s) |",
+             "|---|---|---:|---|---:|---:|---:|---|---:|"]
+    for (train_set, task, hops), group in frame.groupby(["train_set", "task", "hops"], sort=True):
+        group = group.sort_values("seed")
+
+        def spread(column):
+            values = 100 * group[column].astype(float)
+            if values.isna().any():
+                return "-", float("nan")
+            return f"{values.mean():.1f} / {values.min():.1f} / {values.max():.1f}", values.max() - values.min()
+
+        answer, answer_range = spread("answer_accuracy")
+        facts, facts_range = spread("fact_accuracy")
+        widest = max(answer_range, facts_range) if facts_range == facts_range else answer_range
+        kept = ", ".join(kept_start(row) for row in group.to_dict("records"))
+        seeds = ", ".join(str(int(seed)) for seed in group["seed"])
+        lines.append(f"| {task} | {train_set} | {hops} | {seeds} | {answer} | {facts} | {widest:.1f} | {kept} | "
+                     f"{group['seconds'].min():.0f}-{group['seconds'].max():.0f} |")
+    return lines
+
+
+def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / f"{name}.csv", index=False)
     lines = [
+        "| task | training | hops | seed | answer (%) | supporting facts (%) | per hop (%) | training (s) | kept start | MemN2N single / joint (answer %) | goal (answer / facts) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ] if seeds else [
         "| task | training | hops | answer (%) | supporting facts (%) | per hop (%) | training (s) | MemN2N single / joint (answer %) | goal (answer / facts) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         memn2n, goal = PUBLISHED.get(row["task"], ("-", "-"))
         earlier = " (kept from an earlier run)" if row.get("earlier_run") else ""
+        seed = f" {row['seed']} |" if seeds else ""
+        kept = f" {kept_start(row)} |" if seeds else ""
         lines.append(
-            f"| {row['task']}{earlier} | {row['train_set']} | {row['hops']} | {percent(row['answer_accuracy'])} | "
-            f"{percent(row['fact_accuracy'])} | {per_hop(row.get('hop_fact_accuracy'))} | {row['seconds']:.0f} | "
+            f"| {row['task']}{earlier} | {row['train_set']} | {row['hops']} |{seed} {percent(row['answer_accuracy'])} | "
+            f"{percent(row['fact_accuracy'])} | {per_hop(row.get('hop_fact_accuracy'))} | {row['seconds']:.0f} |{kept} "
             f"{memn2n} | {goal} |"
         )
     (out / f"{name}.md").write_text(
@@ -104,6 +149,14 @@ def write_tables(rows: list, out: Path, name: str, settings: str) -> None:
         "path visits the annotated facts in order; per hop: the share whose hop l attends the l-th supporting "
         "fact.\n\n" + "\n".join(lines) + "\n"
     )
+    if seeds:
+        (out / f"{name}_seeds.md").write_text(
+            "# bAbI over seeds (test files, 1000 questions each)\n\n"
+            f"`python benchmarks/babi.py --seeds ...`, {settings}; each task once a seed (the command's `--seed`), "
+            "answer and supporting-fact accuracy as mean / worst / best over the seeds, the widest of the two "
+            "ranges, the start each seed kept (`-`: a run of one start) and the training seconds.\n\n"
+            + "\n".join(seed_summary(rows)) + "\n"
+        )
 
 
 def earlier_rows(path: Path, rerun: set) -> list:
@@ -121,8 +174,10 @@ def earlier_rows(path: Path, rerun: set) -> list:
     return rows
 
 
-def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bool, data_dir=None) -> dict:
-    """One task's run (in a worker process, one thread): its results with ``train_set`` and ``seconds``."""
+def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bool, data_dir=None,
+            seed: Optional[int] = None) -> dict:
+    """One task's run (in a worker process, one thread): its results with ``train_set``, ``seed`` and ``seconds``.
+    ``seed``: the run's ``--seed`` (None: the command's default, 0), which also names its folder."""
     torch.set_num_threads(1)
     run = run_babi_facts if encoding == "facts" else run_babi
     options = dict(steps=5, max_train=50) if smoke else {}
@@ -132,9 +187,13 @@ def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bo
     run_name = f"task{task}" + ("" if hops is None else f"_L{hops}") + ("_10k" if train_dir else "")
     if data_dir is not None:
         options["data_dir"] = data_dir
+    if seed is not None:
+        options["seed"] = seed
+        run_name += f"_seed{seed}"
     result = run(task, runs_dir / run_name, train_dir=train_dir, n_hops=hops, overwrite=True, **options)
     seconds = result.get("seconds", result.get("train_seconds"))
-    result.update({"train_set": "10k" if train_dir else "1k", "seconds": seconds, "wall_seconds": time.perf_counter() - started})
+    result.update({"train_set": "10k" if train_dir else "1k", "seed": 0 if seed is None else seed, "seconds": seconds,
+                   "wall_seconds": time.perf_counter() - started})
     return result
 
 
@@ -156,6 +215,8 @@ def main(argv=None) -> int:
     parser.add_argument("--update", action="store_true",
                         help="keep the existing table's rows of the tasks not rerun here (marked in the table)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time, one process and thread each (default: 1)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="run every task once a seed and add {name}_seeds.md: mean / worst / best over the seeds")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [] if args.ten_k_only else [(task, None) for task in args.tasks]
@@ -166,8 +227,10 @@ def main(argv=None) -> int:
                 "positions": "ChainedAttention(max_distance) with experiments.chained_babi.BABI_SVI"}[args.encoding]
     if args.smoke:
         settings += ", smoke: 5 steps, 50 questions"
-    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir)
-            for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)]]
+    if args.seeds is not None and args.update:
+        parser.error("--seeds writes a table of its own: give it a --name, not --update")
+    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed)
+            for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
     rows = earlier_rows(args.out / f"{name}.csv", {(("10k" if train_dir else "1k"), task) for task, train_dir in runs}) \
         if args.update else []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -175,8 +238,8 @@ def main(argv=None) -> int:
             result = future.result()
             print(json.dumps(result), flush=True)
             rows.append(result)
-            rows.sort(key=lambda row: (row["train_set"], row["task"], row["hops"]))
-            write_tables(rows, args.out, name, settings)
+            rows.sort(key=lambda row: (row["train_set"], row["task"], row["hops"], row.get("seed", 0)))
+            write_tables(rows, args.out, name, settings, seeds=args.seeds is not None)
     return 0
 
 

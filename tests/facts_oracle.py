@@ -64,6 +64,9 @@ def score(p, obs, row, hop, previous, j, D):
     forward = p["direction_logits"][k] + sum(p["direction_by_symbol"][k, a, s] for a, s in fi.items())
     total = total + age_slope * age + offset_slope * min(abs(rank[j] - rank[previous]), D) / UNIT
     total = total + forward * float(rank[j] > rank[previous])
+    # the neighbours: the real fact right before / right after the previous one
+    total = total + p["adjacent_logits"][k, 0] * float(rank[j] == rank[previous] - 1)
+    total = total + p["adjacent_logits"][k, 1] * float(rank[j] == rank[previous] + 1)
     for direction in range(2):
         depends = sum(p["nearest_by_symbol"][k, direction, a, s] for a, s in fi.items())
         for a in range(obs.num_fields):

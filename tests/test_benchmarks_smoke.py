@@ -1,5 +1,6 @@
 """The chained-loss benchmark runs end to end at smoke size and writes its table."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,23 @@ def test_knowledge_base_benchmark_smoke(tmp_path):
     assert ((frame[["seconds", "peak_mib", "checkpoint_mib"]] > 0).all().all()
             and frame["answer_accuracy"].between(0, 1).all())
     assert "| hops |" in " ".join((tmp_path / "knowledge_base.md").read_text().split())
+
+
+def test_babi_benchmark_seeds_smoke(tmp_path):
+    """benchmarks/babi.py --seeds: one run a seed, each in its own folder with its own seed, and a summary whose
+    mean / worst / best are those of the per-seed rows."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "babi.py"), "--smoke", "--tasks", "1", "--seeds", "0", "3",
+         "--jobs", "2", "--name", "seeds", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    rows = pd.read_csv(tmp_path / "seeds.csv")
+    assert sorted(rows["seed"]) == [0, 3]
+    for seed in (0, 3):
+        run = json.loads((tmp_path / "seeds_runs" / f"task1_L1_seed{seed}" / "results.json").read_text())
+        assert run["seed"] == seed
+    answers = 100 * rows["answer_accuracy"]
+    line = next(line for line in (tmp_path / "seeds_seeds.md").read_text().splitlines() if line.startswith("| 1 |"))
+    assert f"| 0, 3 | {answers.mean():.1f} / {answers.min():.1f} / {answers.max():.1f} |" in line

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from .fact_comparison import COMPARISON_SHAPES, FLIP_START
-from .fact_parameters import COPY_QUESTION_TERMS, QUESTION_PATTERN
+from .fact_parameters import ADJACENT_LOGITS, COPY_QUESTION_TERMS, QUESTION_PATTERN
 from .fact_variational import EMBEDDED_SYMBOLS
 
 __all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
@@ -39,7 +39,11 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     ``embedded_symbols`` gets it all True: every symbol owned a row then. One written before the comparison's flip
     gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with.
     One written before the hops' question pattern gets ``question_pattern`` at 0 (its shape from the state dict's
-    ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``)."""
+    ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``), one written before the neighbours'
+    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``)."""
+    offset = state_dict.get("offset_slopes")
+    if isinstance(offset, torch.Tensor) and offset.dim() == 1 and ADJACENT_LOGITS not in state_dict:
+        state_dict = {**state_dict, ADJACENT_LOGITS: offset.new_zeros(offset.shape[0], 2)}
     position, equality = state_dict.get("question_position"), state_dict.get("question_equality")
     if isinstance(position, torch.Tensor) and isinstance(equality, torch.Tensor) and position.dim() == 2 and \
             equality.dim() == 2 and QUESTION_PATTERN not in state_dict:

@@ -38,6 +38,7 @@ class FactFeatures:
         self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
         self._nearest = None
         self._distance = None
+        self._neighbours = None
         self._pair_index = None
         self._question_index = None
         self._question_matches = None
@@ -49,6 +50,14 @@ class FactFeatures:
             offset = self.rank.unsqueeze(-2) - self.rank.unsqueeze(-1)  # (c, N_i, N_j): rank_j - rank_i
             self._distance = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype))
         return self._distance
+
+    def neighbours(self):
+        """``([rank_j = rank_i - 1], [rank_j = rank_i + 1])``, both ``(c, N, N)`` in the parameters' dtype: the real
+        fact just before and just after fact ``i`` (built on first use)."""
+        if self._neighbours is None:
+            offset = self.rank.unsqueeze(-2) - self.rank.unsqueeze(-1)  # (c, N_i, N_j): rank_j - rank_i
+            self._neighbours = tuple((offset == step).to(offset.dtype) for step in (-1, 1))
+        return self._neighbours
 
     def nearest_facts(self):
         """``(index, found)``, both ``(c, N, 2 F)``: :func:`nearest_sharing` of the chunk with -1 mapped to 0, and

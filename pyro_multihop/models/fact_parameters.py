@@ -13,7 +13,7 @@ from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
 
 __all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS",
-           "QUESTION_PATTERN", "WORD_ORDER_TERMS",
+           "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS",
            "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
@@ -48,6 +48,7 @@ PARAMETER_SHAPES = {
     "offset_by_symbol": "(L - 1, F, S)",
     "direction_logits": "(L - 1,)",
     "direction_by_symbol": "(L - 1, F, S)",
+    "adjacent_logits": "(L - 1, 2)",
     "nearest_weights": "(L - 1, 2, F)",
     "nearest_by_symbol": "(L - 1, 2, F, S)",
     "emission_tables": "(F, S, A)",
@@ -65,6 +66,10 @@ COPY_QUESTION_TERMS = ("copy_question_equality", "copy_by_question")
 #: The hop's question pattern (which question positions equal which of a candidate's fields, in pairs), added
 #: after checkpoints were first written: a checkpoint without it loads with it at 0, the head it was trained as.
 QUESTION_PATTERN = "question_pattern"
+
+#: The weights of the facts right before and right after the previous hop's (``(L - 1, 2)``), added after
+#: checkpoints were first written: a checkpoint without them loads with them at 0, the head it was trained as.
+ADJACENT_LOGITS = "adjacent_logits"
 
 #: The terms about where the question's words stand in a fact: the question's pattern. It makes bAbI task 4 (87.9
 #: to 100) but, from every start of the command, traps tasks 9 and 15 (99.5 to 80.8, 100 to 55.6), so the head also

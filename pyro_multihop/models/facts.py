@@ -23,6 +23,7 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
               + (age_slopes[l] + sum_a age_by_symbol[l, a, f_i^a]) min(age_j, D) / U
               + (offset_slopes[l] + sum_a offset_by_symbol[l, a, f_i^a]) min(|rank_j - rank_i|, D) / U
               + (direction_logits[l] + sum_a direction_by_symbol[l, a, f_i^a]) [rank_j > rank_i]
+              + adjacent_logits[l, 0] [rank_j = rank_i - 1] + adjacent_logits[l, 1] [rank_j = rank_i + 1]
               + sum_{d, a} (nearest_weights[l, d, a] + sum_c nearest_by_symbol[l, d, c, f_i^c]) [j = near_d^a(i)]
 
 A hop never attends the fact the hop before it attended (``revisit=False``, the default; the row's only real
@@ -34,7 +35,9 @@ its ``question_pattern`` entries). The question pattern reads *where* the questi
 two at a time: "what is D of X" and "what is X D of" ask for facts that match the direction word and the place
 in opposite arrangements, an exclusive or of two matches that no sum of single matches expresses
 (:meth:`FactAttention.pattern_term`).
-``age_j`` counts the real facts after ``j``, ``rank_j`` those before it; ``near_before^a(i)``
+``age_j`` counts the real facts after ``j``, ``rank_j`` those before it (``adjacent_logits``: the fact right before
+or right after the previous one, which the linear offset term cannot single out: "then they went ..." follows the
+fact that names them); ``near_before^a(i)``
 (``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
 Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission
 mixes, over the real fields ``a`` of the last fact, a learned table and a copy, and a comparison of question
@@ -288,9 +291,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 1e-2 on
-        ``copy_by_question``, 3e-3 on the
-        order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
+        ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
+        ``copy_by_question`` and on the order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
         of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay).
         Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
         training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
@@ -316,7 +318,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                      **{name: 3e-2 for name in tables[2:]}}
         else:  # measured on bAbI: docs/facts.md, the order terms' decay
             decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL})
-        decay["copy_by_question"] = 1e-2  # measured on bAbI: docs/facts.md, the copy's question terms
+        decay["copy_by_question"] = 3e-3  # measured on bAbI: docs/facts.md, the copy's question terms
         decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 
@@ -406,13 +408,15 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
 
     def add_order_term(self, hop: int, chunk: FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` ``(c, N, N)`` plus, in place, age, offset and direction, with slopes that depend on the
-        previous fact ``i``."""
+        previous fact ``i``, and the weights of the facts right before and right after ``i``."""
         k = hop - 1
         distance, later = chunk.distance_and_later()
+        just_before, just_after = chunk.neighbours()
         age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1)
         offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1)
         forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1)
-        return logits.addcmul_(age, chunk.age.unsqueeze(-2)).addcmul_(offset, distance).addcmul_(forward, later)
+        logits = logits.addcmul_(age, chunk.age.unsqueeze(-2)).addcmul_(offset, distance).addcmul_(forward, later)
+        return logits.add_(self.adjacent_logits[k, 0] * just_before).add_(self.adjacent_logits[k, 1] * just_after)
 
     def add_nearest_term(self, hop: int, chunk: FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus, in place, ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
@@ -459,17 +463,18 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
 
         def extra_elements(N: int) -> float:
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
-            # hop, the emission's logaddexps, the question's (M, F, N) index and matches, the pattern's (P F)
+            # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and matches, the pattern's (P F)
             # counts and their product with it
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F) * N * N + 6 * N * S + 5 * P * N * F
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + 5 * P * N * F
 
         def embedded_elements(N: int) -> float:
-            # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop, the
+            # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
+            # the two neighbour masks, the
             # question's (M, N, F) matches, the facts' embeddings and their products with the forms, the
             # (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S) emission of
             # predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
             D, A = self.embed_dim, self.num_answers
-            return (2 * F * F + 6 * max(L - 1, 1) + 2) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
+            return (2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
 
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query

@@ -411,14 +411,15 @@ def test_the_question_pattern_learns_which_side_the_relation_is_asked_from(patte
         assert found <= 0.9 and answered <= 0.9, (found, answered)
 
 
+@pytest.mark.parametrize("name", ["question_pattern", "adjacent_logits"])
 @pytest.mark.parametrize("embed_dim", [None, 4], ids=["tables", "embedded"])
-def test_a_checkpoint_without_the_question_pattern_loads_as_the_head_it_was(tmp_path, embed_dim):
-    """A checkpoint written before ``question_pattern`` loads with it at 0 and gives the likelihood of the same head
-    with it zeroed; a checkpoint that has it keeps it."""
+def test_a_checkpoint_without_a_later_term_loads_as_the_head_it_was(tmp_path, embed_dim, name):
+    """A checkpoint written before ``question_pattern`` (or ``adjacent_logits``) loads with it at 0 and gives the
+    likelihood of the same head with it zeroed; a checkpoint that has it keeps it."""
     from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
 
     head = FactAttention(2, F, S, max_question_len=P, embed_dim=embed_dim, dtype=torch.float64, seed=1)
-    names = ["question_pattern"]
+    names = [name]
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for parameter in head.parameters():
