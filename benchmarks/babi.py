@@ -22,7 +22,7 @@ earlier run" in the table), so that one expensive task can be left as it was.
 
 ``--seeds S [S ...]`` runs every task once a seed (``pyro-multihop babi --seed S``: the seed draws the held-out tenth
 that chooses among a run's starts, the nine tenths that train, the perturbed starts and the mini-batches) and adds
-``{name}_seeds.md``: each task's mean, worst and best answer and supporting-fact accuracy over the seeds, which
+``{name}_summary.md``: each task's mean, worst and best answer and supporting-fact accuracy over the seeds, which
 start each seed kept, and the training time::
 
     python benchmarks/babi.py --data-dir /work/shared/babi/en --tasks 6 9 10 15 --seeds 0 1 2 3 4 --jobs 2 --name babi_seeds --out benchmarks/results
@@ -144,13 +144,14 @@ def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = 
         )
     (out / f"{name}.md").write_text(
         "# bAbI (test files, 1000 questions each)\n\n"
-        f"`python benchmarks/babi.py`, {settings}; trained on answers alone, one thread, one seed (0); "
+        f"`python benchmarks/babi.py`, {settings}; trained on answers alone, one thread, "
+        f"{'one run a seed' if seeds else 'one seed (0)'}; "
         "training time in wall-clock seconds on a shared machine. Supporting facts: the question-only MAP hop "
         "path visits the annotated facts in order; per hop: the share whose hop l attends the l-th supporting "
         "fact.\n\n" + "\n".join(lines) + "\n"
     )
     if seeds:
-        (out / f"{name}_seeds.md").write_text(
+        (out / f"{name}_summary.md").write_text(
             "# bAbI over seeds (test files, 1000 questions each)\n\n"
             f"`python benchmarks/babi.py --seeds ...`, {settings}; each task once a seed (the command's `--seed`), "
             "answer and supporting-fact accuracy as mean / worst / best over the seeds, the widest of the two "
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
                         help="keep the existing table's rows of the tasks not rerun here (marked in the table)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time, one process and thread each (default: 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="run every task once a seed and add {name}_seeds.md: mean / worst / best over the seeds")
+                        help="run every task once a seed and add {name}_summary.md: mean / worst / best over the seeds")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [] if args.ten_k_only else [(task, None) for task in args.tasks]

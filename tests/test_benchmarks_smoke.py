@@ -146,5 +146,5 @@ def test_babi_benchmark_seeds_smoke(tmp_path):
         run = json.loads((tmp_path / "seeds_runs" / f"task1_L1_seed{seed}" / "results.json").read_text())
         assert run["seed"] == seed
     answers = 100 * rows["answer_accuracy"]
-    line = next(line for line in (tmp_path / "seeds_seeds.md").read_text().splitlines() if line.startswith("| 1 |"))
+    line = next(line for line in (tmp_path / "seeds_summary.md").read_text().splitlines() if line.startswith("| 1 |"))
     assert f"| 0, 3 | {answers.mean():.1f} / {answers.min():.1f} / {answers.max():.1f} |" in line
