@@ -96,6 +96,14 @@ def kept_start(row: dict) -> str:
     return str(kept[0]) if kept else "-"
 
 
+def spread(fractions: pd.Series):
+    """``("mean / worst / best" in %, best - worst in points)``, or ``("-", None)`` where a run has no value."""
+    values = 100 * fractions.astype(float)
+    if values.isna().any():
+        return "-", None
+    return f"{values.mean():.1f} / {values.min():.1f} / {values.max():.1f}", values.max() - values.min()
+
+
 def seed_summary(rows: list) -> list:
     """One line per ``(train_set, task, hops)`` over its seeds' rows: mean / worst / best answer and supporting-fact
     accuracy (%), the seeds, the start each kept, and the range of training seconds."""
@@ -105,16 +113,9 @@ def seed_summary(rows: list) -> list:
              "|---|---|---:|---|---:|---:|---:|---|---:|"]
     for (train_set, task, hops), group in frame.groupby(["train_set", "task", "hops"], sort=True):
         group = group.sort_values("seed")
-
-        def spread(column):
-            values = 100 * group[column].astype(float)
-            if values.isna().any():
-                return "-", float("nan")
-            return f"{values.mean():.1f} / {values.min():.1f} / {values.max():.1f}", values.max() - values.min()
-
-        answer, answer_range = spread("answer_accuracy")
-        facts, facts_range = spread("fact_accuracy")
-        widest = max(answer_range, facts_range) if facts_range == facts_range else answer_range
+        answer, answer_range = spread(group["answer_accuracy"])
+        facts, facts_range = spread(group["fact_accuracy"])
+        widest = max(r for r in (answer_range, facts_range) if r is not None)
         kept = ", ".join(kept_start(row) for row in group.to_dict("records"))
         seeds = ", ".join(str(int(seed)) for seed in group["seed"])
         lines.append(f"| {task} | {train_set} | {hops} | {seeds} | {answer} | {facts} | {widest:.1f} | {kept} | "

@@ -37,27 +37,21 @@ class FactFeatures:
         self.num_symbols = num_symbols
         self.by_rows = 2 * (num_symbols + 1) <= self.fields.shape[1] * self.fields.shape[2]
         self._nearest = None
-        self._distance = None
-        self._neighbours = None
+        self._order = None
         self._pair_index = None
         self._question_index = None
         self._question_matches = None
         self.vectors = None  # the embedded head's (question, facts) embedding rows, gathered on first use
 
-    def distance_and_later(self):
-        """``(min(|rank_j - rank_i|, D) / U, [rank_j > rank_i])``, both ``(c, N, N)`` (built on first use)."""
-        if self._distance is None:
+    def order_features(self):
+        """``(min(|rank_j - rank_i|, D) / U, [rank_j > rank_i], [rank_j = rank_i - 1], [rank_j = rank_i + 1])``, each
+        ``(c, N, N)`` in the parameters' dtype: the distance, the direction and the real facts just before and just
+        after fact ``i``, from one rank offset (built on first use)."""
+        if self._order is None:
             offset = self.rank.unsqueeze(-2) - self.rank.unsqueeze(-1)  # (c, N_i, N_j): rank_j - rank_i
-            self._distance = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype))
-        return self._distance
-
-    def neighbours(self):
-        """``([rank_j = rank_i - 1], [rank_j = rank_i + 1])``, both ``(c, N, N)`` in the parameters' dtype: the real
-        fact just before and just after fact ``i`` (built on first use)."""
-        if self._neighbours is None:
-            offset = self.rank.unsqueeze(-2) - self.rank.unsqueeze(-1)  # (c, N_i, N_j): rank_j - rank_i
-            self._neighbours = tuple((offset == step).to(offset.dtype) for step in (-1, 1))
-        return self._neighbours
+            self._order = (offset.abs().clamp(max=self.max_distance) / DISTANCE_UNIT, (offset > 0).to(offset.dtype),
+                           (offset == -1).to(offset.dtype), (offset == 1).to(offset.dtype))
+        return self._order
 
     def nearest_facts(self):
         """``(index, found)``, both ``(c, N, 2 F)``: :func:`nearest_sharing` of the chunk with -1 mapped to 0, and

@@ -410,13 +410,12 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         """``logits`` ``(c, N, N)`` plus, in place, age, offset and direction, with slopes that depend on the
         previous fact ``i``, and the weights of the facts right before and right after ``i``."""
         k = hop - 1
-        distance, later = chunk.distance_and_later()
-        just_before, just_after = chunk.neighbours()
+        distance, later, just_before, just_after = chunk.order_features()
         age = (self.age_slopes[hop] + self._by_previous("age_by_symbol", hop, chunk)).unsqueeze(-1)
         offset = (self.offset_slopes[k] + self._by_previous("offset_by_symbol", hop, chunk)).unsqueeze(-1)
         forward = (self.direction_logits[k] + self._by_previous("direction_by_symbol", hop, chunk)).unsqueeze(-1)
         logits = logits.addcmul_(age, chunk.age.unsqueeze(-2)).addcmul_(offset, distance).addcmul_(forward, later)
-        return logits.add_(self.adjacent_logits[k, 0] * just_before).add_(self.adjacent_logits[k, 1] * just_after)
+        return logits.addcmul_(self.adjacent_logits[k, 0], just_before).addcmul_(self.adjacent_logits[k, 1], just_after)
 
     def add_nearest_term(self, hop: int, chunk: FactFeatures, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus, in place, ``(nearest_weights[hop - 1, d, a] + sum_c nearest_by_symbol[hop - 1, d, c, f_i^c])`` at
@@ -463,16 +462,15 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
 
         def extra_elements(N: int) -> float:
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
-            # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and matches, the pattern's (P F)
-            # counts and their product with it
+            # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and
+            # matches, the pattern's (P F) counts and their product with it
             return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + 5 * P * N * F
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
-            # the two neighbour masks, the
-            # question's (M, N, F) matches, the facts' embeddings and their products with the forms, the
-            # (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S) emission of
-            # predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
+            # the two neighbour masks, the question's (M, N, F) matches, the facts' embeddings and their products
+            # with the forms, the (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S)
+            # emission of predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
             D, A = self.embed_dim, self.num_answers
             return (2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
 
