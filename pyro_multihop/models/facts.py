@@ -96,9 +96,9 @@ from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (EQUALITY_START, EQUALITY_WEIGHTS, ORDER_BY_SYMBOL, PARAMETER_SHAPES, WORD_ORDER_TERMS,
-                              answer_symbols_tensor, initial_value, mix_logits, parameter_elements, parameter_shapes,
-                              shape_of)
+from .fact_parameters import (COPY_DECAY, EQUALITY_START, EQUALITY_WEIGHTS, HELD_COPY_DECAY, ORDER_BY_SYMBOL,
+                              PARAMETER_SHAPES, WORD_ORDER_TERMS, answer_symbols_tensor, initial_value, mix_logits,
+                              parameter_elements, parameter_shapes, shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL", "ORDER_BY_SYMBOL"]
@@ -176,6 +176,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
         # get no gradient and stay 0, the same function as a head with them on at 0 (what its checkpoint loads as)
         self.word_order = True
+        self.held_copy_prior = False  # True while a start holds the word-order terms at 0: svi_defaults' copy decay
         if not isinstance(revisit, bool):
             raise TypeError(f"revisit must be a bool, got {revisit!r}")
         self.revisit = revisit
@@ -240,8 +241,10 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         it a hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9;
         docs/facts.md, "Where training starts"). The word-order terms let a hop read where the question's words
         stand in a fact (bAbI task 4), and from every start they trap tasks 9 and 15, whose fits without them
-        have the better held-out likelihood."""
+        have the better held-out likelihood. Those starts also fit ``copy_by_question`` under the stronger prior
+        :data:`HELD_COPY_DECAY` (:meth:`svi_defaults`; docs/facts.md, the copy's question terms)."""
         self.word_order = True
+        self.held_copy_prior = False
         plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
         variants = plain + tuple(("held",) + variant for variant in ((),) + plain)
         if not 1 <= start <= len(variants):
@@ -250,6 +253,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         with torch.no_grad():
             if "held" in variants[start - 1]:
                 self.word_order = False
+                self.held_copy_prior = True
                 for name in WORD_ORDER_TERMS:
                     getattr(self, name).zero_()
                 said.append("the word-order terms held at 0")
@@ -292,7 +296,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
         ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
-        ``copy_by_question`` and on the order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
+        ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
+        terms at 0: :meth:`start_variant`) and on the order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
         of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay).
         Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
         training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
@@ -318,7 +323,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                      **{name: 3e-2 for name in tables[2:]}}
         else:  # measured on bAbI: docs/facts.md, the order terms' decay
             decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL})
-        decay["copy_by_question"] = 3e-3  # measured on bAbI: docs/facts.md, the copy's question terms
+        # measured on bAbI: docs/facts.md, the copy's question terms
+        decay["copy_by_question"] = HELD_COPY_DECAY if self.held_copy_prior else COPY_DECAY
         decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 

@@ -11,7 +11,7 @@ import torch
 
 from pyro_multihop import FactAttention, TiedEmbeddingAttention, fact_chain_task, transitive_task
 from pyro_multihop.diagnostics import StartsDisagreeWarning
-from pyro_multihop.models.fact_parameters import EQUALITY_WEIGHTS, WORD_ORDER_TERMS
+from pyro_multihop.models.fact_parameters import COPY_DECAY, EQUALITY_WEIGHTS, HELD_COPY_DECAY, WORD_ORDER_TERMS
 from pyro_multihop.train import STARTS_VAL_FRACTION, fit_svi, split_validation
 from pyro_multihop.train.multistart import perturb_parameters, start_path, start_seed
 from svi_test_heads import GaussianMean, Points, small_head
@@ -205,6 +205,34 @@ def test_a_start_with_the_word_order_terms_held_at_0_keeps_them_at_0():
     loaded = FactAttention(2, 3, 68, max_question_len=3)
     loaded.load_state_dict(held.state_dict())
     assert loaded.word_order and torch.equal(loaded.log_likelihood(obs), held.log_likelihood(obs))
+
+
+def test_a_start_with_the_word_order_terms_held_fits_the_copy_under_the_stronger_prior():
+    """The held starts decay ``copy_by_question`` at HELD_COPY_DECAY, the others (and the head after the fit) at
+    COPY_DECAY: start 2 of a 3-start fit (no comparison) is the plain fit of a held head at the stronger decay, and
+    not the one at the weaker decay."""
+    obs = fact_chain_task(60, num_facts=4, seed=0)
+    head = FactAttention(2, 3, 68, max_question_len=3)
+    copy_decay = lambda: head.svi_defaults()["weight_decay"]["copy_by_question"]  # noqa: E731
+    assert HELD_COPY_DECAY > COPY_DECAY and copy_decay() == COPY_DECAY
+    with torch.no_grad():
+        assert head.start_variant(2) == "the word-order terms held at 0" and copy_decay() == HELD_COPY_DECAY
+        head.start_variant(1)
+    assert copy_decay() == COPY_DECAY
+    head = FactAttention(2, 3, 68, max_question_len=3)  # the variants above set parameters in place
+    metrics = quiet_fit(head, obs, starts=3, processes=1)
+    assert copy_decay() == COPY_DECAY and head.word_order  # start_variant(0) after the fit
+    train, val = split_validation(obs, STARTS_VAL_FRACTION, seed=0)
+    fitted = {}
+    for decay in (HELD_COPY_DECAY, COPY_DECAY):
+        held = FactAttention(2, 3, 68, max_question_len=3)
+        with torch.no_grad():
+            held.start_variant(2)
+        weight_decay = {**held.svi_defaults()["weight_decay"], "copy_by_question": decay}
+        quiet_fit(held, train, val=val, seed=start_seed(0, 2), weight_decay=weight_decay)
+        fitted[decay] = held.evaluate(val)["log_likelihood"]
+    assert metrics.attrs["starts"][2]["val_log_likelihood"] == pytest.approx(fitted[HELD_COPY_DECAY], abs=1e-9)
+    assert fitted[COPY_DECAY] != pytest.approx(fitted[HELD_COPY_DECAY], abs=1e-9)
 
 
 def test_seeded_starts_are_reproducible_and_equal_in_processes(obs, three):
