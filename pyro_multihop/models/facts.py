@@ -176,7 +176,6 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
         # get no gradient and stay 0, the same function as a head with them on at 0 (what its checkpoint loads as)
         self.word_order = True
-        self.held_copy_prior = False  # True while a start holds the word-order terms at 0: svi_defaults' copy decay
         if not isinstance(revisit, bool):
             raise TypeError(f"revisit must be a bool, got {revisit!r}")
         self.revisit = revisit
@@ -244,7 +243,6 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         have the better held-out likelihood. Those starts also fit ``copy_by_question`` under the stronger prior
         :data:`HELD_COPY_DECAY` (:meth:`svi_defaults`; docs/facts.md, the copy's question terms)."""
         self.word_order = True
-        self.held_copy_prior = False
         plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
         variants = plain + tuple(("held",) + variant for variant in ((),) + plain)
         if not 1 <= start <= len(variants):
@@ -253,7 +251,6 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         with torch.no_grad():
             if "held" in variants[start - 1]:
                 self.word_order = False
-                self.held_copy_prior = True
                 for name in WORD_ORDER_TERMS:
                     getattr(self, name).zero_()
                 said.append("the word-order terms held at 0")
@@ -323,8 +320,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                      **{name: 3e-2 for name in tables[2:]}}
         else:  # measured on bAbI: docs/facts.md, the order terms' decay
             decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL})
-        # measured on bAbI: docs/facts.md, the copy's question terms
-        decay["copy_by_question"] = HELD_COPY_DECAY if self.held_copy_prior else COPY_DECAY
+        # measured on bAbI: docs/facts.md, the copy's question terms (the stronger prior in a start that holds the
+        # word-order terms at 0)
+        decay["copy_by_question"] = COPY_DECAY if self.word_order else HELD_COPY_DECAY
         decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 

@@ -212,16 +212,18 @@ def test_a_start_with_the_word_order_terms_held_fits_the_copy_under_the_stronger
     COPY_DECAY: start 2 of a 3-start fit (no comparison) is the plain fit of a held head at the stronger decay, and
     not the one at the weaker decay."""
     obs = fact_chain_task(60, num_facts=4, seed=0)
+    def copy_decay(head):
+        return head.svi_defaults()["weight_decay"]["copy_by_question"]
+
     head = FactAttention(2, 3, 68, max_question_len=3)
-    copy_decay = lambda: head.svi_defaults()["weight_decay"]["copy_by_question"]  # noqa: E731
-    assert HELD_COPY_DECAY > COPY_DECAY and copy_decay() == COPY_DECAY
+    assert HELD_COPY_DECAY > COPY_DECAY and copy_decay(head) == COPY_DECAY
     with torch.no_grad():
-        assert head.start_variant(2) == "the word-order terms held at 0" and copy_decay() == HELD_COPY_DECAY
+        assert head.start_variant(2) == "the word-order terms held at 0" and copy_decay(head) == HELD_COPY_DECAY
         head.start_variant(1)
-    assert copy_decay() == COPY_DECAY
+    assert copy_decay(head) == COPY_DECAY
     head = FactAttention(2, 3, 68, max_question_len=3)  # the variants above set parameters in place
     metrics = quiet_fit(head, obs, starts=3, processes=1)
-    assert copy_decay() == COPY_DECAY and head.word_order  # start_variant(0) after the fit
+    assert copy_decay(head) == COPY_DECAY and head.word_order  # start_variant(0) after the fit
     train, val = split_validation(obs, STARTS_VAL_FRACTION, seed=0)
     fitted = {}
     for decay in (HELD_COPY_DECAY, COPY_DECAY):
