@@ -171,12 +171,14 @@ def random_fact_observations(n, N, F, M, S, seed=0, padded=True):
 
 
 def random_fact_head(L, F, S, P, seed=0, scale=1.0, max_distance=3):
-    """A float64 ``FactAttention`` with every parameter seeded standard normal times ``scale``."""
+    """A float64 ``FactAttention`` with every parameter seeded standard normal times ``scale``, and every other
+    symbol a frame symbol (so that ``frame_content`` enters the scores beside the tables)."""
     from pyro_multihop import FactAttention
     from pyro_multihop.models.facts import PARAMETER_SHAPES
 
     g = torch.Generator().manual_seed(seed)
-    head = FactAttention(L, F, S, max_question_len=P, max_distance=max_distance, dtype=torch.float64)
+    head = FactAttention(L, F, S, max_question_len=P, max_distance=max_distance, dtype=torch.float64,
+                         frame_symbols=torch.arange(S) % 2 == 0)
     with torch.no_grad():
         for name in PARAMETER_SHAPES:
             parameter = getattr(head, name)

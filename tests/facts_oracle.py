@@ -56,9 +56,12 @@ def score(p, obs, row, hop, previous, j, D):
         return total + p["age_slopes"][0] * age
     k = hop - 1
     fi = real_field_symbols(obs, row, previous)
+    frame = p["frame_symbols"].tolist()
     for a, sa in fi.items():
         for b, sb in fj.items():
             total = total + p["field_equality"][k, a, b] * float(sa == sb) + p["content_tables"][k, a, b, sa, sb]
+            if "frame_content" in p:  # two distinct frame symbols: the table of every field pair (a table head)
+                total = total + p["frame_content"][k, sa, sb] * float(sa != sb and frame[sa] and frame[sb])
     age_slope = p["age_slopes"][hop] + sum(p["age_by_symbol"][k, a, s] for a, s in fi.items())
     offset_slope = p["offset_slopes"][k] + sum(p["offset_by_symbol"][k, a, s] for a, s in fi.items())
     forward = p["direction_logits"][k] + sum(p["direction_by_symbol"][k, a, s] for a, s in fi.items())
@@ -142,7 +145,8 @@ def path_tables(head, obs, params=None):
     """Per row ``{path: (log prior, log joint)}`` over every path of real facts, and per row the ``(S,)``
     predictive; ``params`` (default: the head's parameters in float64) may require grad."""
     p = params if params is not None else {k: v.detach().double() for k, v in head.named_parameters()}
-    p = {**p, "answer_symbols": getattr(head, "answer_symbols", None), "revisit": head.revisit}
+    p = {**p, "answer_symbols": getattr(head, "answer_symbols", None), "revisit": head.revisit,
+         "frame_symbols": getattr(head, "frame_symbols", torch.zeros(head.num_symbols, dtype=torch.bool))}
     D = head.max_distance
     tables, predictive = [], []
     for row in range(len(obs)):

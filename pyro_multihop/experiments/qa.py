@@ -68,6 +68,7 @@ from ..datasets.qa_jsonl import (
     write_jsonl,
 )
 from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
+from ..models.fact_parameters import frame_symbols_of
 from ..models.symbol_embedding import frequent_symbols
 from ..plots import plot_fact_posteriors
 from ..runs import CHECKPOINT_NAME, prepare_run_dir
@@ -173,7 +174,7 @@ def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
 
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
                embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None,
-               embedded_symbols=None):
+               embedded_symbols=None, frame_symbols=None):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
@@ -181,14 +182,15 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     symbol embeddings of ``D`` dimensions, drawn from ``seed``; ``comparison``: the emission's comparison
     component on; ``answer_symbols``: the symbols its learnt emission may give (``FactAttention``'s; :func:`run_qa`
     passes the training answers to an embedded head); ``embedded_symbols``: the symbols that own a row of its
-    embedding (``FactAttention``'s; :func:`run_qa` passes those of ``embed_min_count`` training questions). With
-    ``check_memory``, :func:`check_head_memory` runs first."""
+    embedding (``FactAttention``'s; :func:`run_qa` passes those of ``embed_min_count`` training questions);
+    ``frame_symbols``: a table head's frame symbols (``FactAttention``'s; :func:`run_qa` passes those that no
+    training question or answer names). With ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
         check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim,
                           num_answers=None if answer_symbols is None else len(answer_symbols))
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
                          embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
-                         answer_symbols=answer_symbols, embedded_symbols=embedded_symbols)
+                         answer_symbols=answer_symbols, embedded_symbols=embedded_symbols, frame_symbols=frame_symbols)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -359,8 +361,10 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     comparison = bool(train_outside) if chosen else bool(comparison)
     if starts is None:
         starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
+    # the frame table's symbols (a table head): those no training question or answer names, read from the data
+    frame = frame_symbols_of(train.obs, vocabulary.num_symbols) if embed_dim is None else None
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
-                      answer_symbols=answers, embedded_symbols=embedded)
+                      answer_symbols=answers, embedded_symbols=embedded, frame_symbols=frame)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))
     _report(log, answers_outside_facts_message(test_records, "test"))

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from .fact_comparison import COMPARISON_SHAPES, FLIP_START
-from .fact_parameters import ADJACENT_LOGITS, COPY_QUESTION_TERMS, QUESTION_PATTERN
+from .fact_parameters import ADJACENT_LOGITS, COPY_QUESTION_TERMS, FRAME_CONTENT, FRAME_SYMBOLS, QUESTION_PATTERN
 from .fact_variational import EMBEDDED_SYMBOLS
 
 __all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
@@ -40,7 +40,14 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with.
     One written before the hops' question pattern gets ``question_pattern`` at 0 (its shape from the state dict's
     ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``), one written before the neighbours'
-    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``)."""
+    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``). A table head's written
+    before the frame table gets ``frame_content`` at 0 and no frame symbol (shapes from ``content_tables``
+    ``(L - 1, F, F, S, S)``)."""
+    content = state_dict.get("content_tables")
+    if isinstance(content, torch.Tensor) and content.dim() == 5 and FRAME_CONTENT not in state_dict:
+        L1, S = content.shape[0], content.shape[-1]
+        state_dict = {**state_dict, FRAME_CONTENT: content.new_zeros(L1, S, S),
+                      FRAME_SYMBOLS: torch.zeros(S, dtype=torch.bool)}
     offset = state_dict.get("offset_slopes")
     if isinstance(offset, torch.Tensor) and offset.dim() == 1 and ADJACENT_LOGITS not in state_dict:
         state_dict = {**state_dict, ADJACENT_LOGITS: offset.new_zeros(offset.shape[0], 2)}

@@ -13,8 +13,9 @@ from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
 
 __all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS",
-           "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS",
-           "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
+           "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS", "FRAME_CONTENT", "FRAME_SYMBOLS", "FRAME_DECAY",
+           "COPY_DECAY", "HELD_COPY_DECAY", "frame_symbols_of", "frame_symbols_mask", "frame_pairs", "parameter_shapes",
+           "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
 EQUALITY_WEIGHTS = ("question_equality", "field_equality")
@@ -42,6 +43,7 @@ PARAMETER_SHAPES = {
     "question_pattern": "(L, P, F, P, F)",
     "field_equality": "(L - 1, F, F)",
     "content_tables": "(L - 1, F, F, S, S)",
+    "frame_content": "(L - 1, S, S)",
     "age_slopes": "(L,)",
     "age_by_symbol": "(L - 1, F, S)",
     "offset_slopes": "(L - 1,)",
@@ -84,6 +86,54 @@ WORD_ORDER_TERMS = (QUESTION_PATTERN,)
 COPY_DECAY = 3e-3
 HELD_COPY_DECAY = 1e-2
 
+#: The content table shared by every field pair, over the frame symbols (a table head only), and the buffer that
+#: marks those symbols, added after checkpoints were first written: a checkpoint without them loads with the
+#: table at 0 and no frame symbol, the head it was trained as.
+FRAME_CONTENT, FRAME_SYMBOLS = "frame_content", "frame_symbols"
+
+#: The weight decay of ``frame_content`` (:meth:`~.facts.FactAttention.svi_defaults`), and since it, of
+#: ``copy_by_symbol`` too (:data:`COPY_DECAY`): bAbI task 14 at 1k, 89.4 / 90.6 without the table; with it at 3e-2
+#: 92.5 / 95.1, at 1e-2 93.8 / 97.4, at 3e-3 95.3 / 99.5 (the misses now copies of a time word), and with the copy's
+#: symbol weights at 3e-3 in place of 3e-2, 99.9 / 99.7 (docs/facts.md, the frame table).
+FRAME_DECAY = 3e-3
+
+
+def frame_symbols_of(obs, num_symbols: int) -> torch.Tensor:
+    """``(S,)`` bool: the symbols that a fact of ``obs`` (:class:`~pyro_multihop.FactObservations`) holds and no
+    question or answer of it names, the frame of its facts (time words, verbs) rather than the entities asked
+    about and answered; a symbol ``obs`` never shows is none."""
+    def occurs(symbols: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        seen = torch.zeros(num_symbols + 1, dtype=torch.bool)
+        seen[symbols.masked_fill(~real, num_symbols).flatten()] = True
+        return seen[:num_symbols]
+
+    in_facts = occurs(obs.facts, obs.real_fields())
+    named = occurs(obs.question, obs.real_tokens()) | occurs(obs.target, torch.ones_like(obs.target, dtype=torch.bool))
+    return in_facts & ~named
+
+
+def frame_symbols_mask(frame_symbols, num_symbols: int, embed_dim: Optional[int]) -> Optional[torch.Tensor]:
+    """``frame_symbols`` checked (``TypeError``/``ValueError`` naming it) as the ``(S,)`` bool buffer of a table
+    head (None: all False); None for an embedded head, which has no ``frame_content``."""
+    if embed_dim is not None:
+        if frame_symbols is not None:
+            raise ValueError("frame_symbols needs a table head (embed_dim=None): an embedded head has no frame_content")
+        return None
+    if frame_symbols is None:
+        return torch.zeros(num_symbols, dtype=torch.bool)
+    mask = torch.as_tensor(frame_symbols)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"frame_symbols must hold booleans, got dtype {mask.dtype}")
+    if tuple(mask.shape) != (num_symbols,):
+        raise ValueError(f"frame_symbols must have shape (S,) = ({num_symbols},), got {tuple(mask.shape)}")
+    return mask.clone()
+
+
+def frame_pairs(frame_symbols: torch.Tensor, eye: torch.Tensor) -> torch.Tensor:
+    """``(S, S)``: 1 where both symbols are frame symbols and differ (the equality weights own the diagonal)."""
+    frame = frame_symbols.to(eye.dtype)
+    return frame[:, None] * frame[None, :] * (1 - eye)
+
 
 def parameter_shapes(embed_dim: Optional[int] = None, embedding_posterior: str = "point") -> dict:
     """``{name: shape}`` of a :class:`FactAttention`'s parameters: :data:`PARAMETER_SHAPES` (``embed_dim=None``), or
@@ -112,7 +162,8 @@ def parameter_elements(n_hops: int, num_fields: int, num_symbols: int, max_quest
                        embedding_posterior: str = "point") -> dict:
     """``{name: number of entries}`` of every parameter of a :class:`FactAttention` of these sizes, computed
     before any is allocated (:func:`parameter_shapes`). With the tables (``embed_dim=None``), ``question_tables``,
-    ``content_tables`` and ``emission_tables`` grow as ``S^2``, in all ``(L F + (L - 1) F^2 + F) S^2``; with
+    ``content_tables``, ``emission_tables`` and ``frame_content`` grow as ``S^2``, in all
+    ``(L F + (L - 1) (F^2 + 1) + F) S^2``; with
     ``embed_dim=D``, the embeddings as ``2 S D``, the bilinear forms as ``(L F + (L - 1) F^2 + F) D^2``, the rest as
     ``S`` or not at all; ``num_answers``: ``A`` (default ``S``); ``embedding_posterior="mean_field"``: ``S D`` more
     (the posterior's standard deviations beside its means)."""

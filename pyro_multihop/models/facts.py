@@ -19,7 +19,8 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
 
     s_l(i, j) = sum_m w_l[m] sum_b (question_equality[l, b] [q_m == f_j^b] + question_tables[l, b][q_m, f_j^b])
               + sum_{m, b, m', b'} question_pattern[l, m, b, m', b'] [q_m == f_j^b] [q_m' == f_j^b']
-              + sum_{a, b} (field_equality[l, a, b] [f_i^a == f_j^b] + content_tables[l, a, b][f_i^a, f_j^b])
+              + sum_{a, b} (field_equality[l, a, b] [f_i^a == f_j^b] + content_tables[l, a, b][f_i^a, f_j^b]
+                            + [f_i^a != f_j^b both frame symbols] frame_content[l][f_i^a, f_j^b])
               + (age_slopes[l] + sum_a age_by_symbol[l, a, f_i^a]) min(age_j, D) / U
               + (offset_slopes[l] + sum_a offset_by_symbol[l, a, f_i^a]) min(|rank_j - rank_i|, D) / U
               + (direction_logits[l] + sum_a direction_by_symbol[l, a, f_i^a]) [rank_j > rank_i]
@@ -34,7 +35,11 @@ Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) s
 its ``question_pattern`` entries). The question pattern reads *where* the question's tokens stand in a candidate,
 two at a time: "what is D of X" and "what is X D of" ask for facts that match the direction word and the place
 in opposite arrangements, an exclusive or of two matches that no sum of single matches expresses
-(:meth:`FactAttention.pattern_term`).
+(:meth:`FactAttention.pattern_term`). ``frame_content`` is one table for every field pair, over the *frame
+symbols* (``frame_symbols``: those that no training question and no training answer names, e.g. the time words
+of a story): what a pair of them says wherever the sentences put them ("this afternoon X ..." and "X ... this
+morning"); the entities that questions ask about and answers give stay out of it, so it cannot memorise them
+(:meth:`FactAttention.pair_term`).
 ``age_j`` counts the real facts after ``j``, ``rank_j`` those before it (``adjacent_logits``: the fact right before
 or right after the previous one, which the linear offset term cannot single out: "then they went ..." follows the
 fact that names them); ``near_before^a(i)``
@@ -96,9 +101,10 @@ from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (COPY_DECAY, EQUALITY_START, EQUALITY_WEIGHTS, HELD_COPY_DECAY, ORDER_BY_SYMBOL,
-                              PARAMETER_SHAPES, WORD_ORDER_TERMS, answer_symbols_tensor, initial_value, mix_logits,
-                              parameter_elements, parameter_shapes, shape_of)
+from .fact_parameters import (COPY_DECAY, EQUALITY_START, EQUALITY_WEIGHTS, FRAME_DECAY, FRAME_SYMBOLS, HELD_COPY_DECAY,
+                              ORDER_BY_SYMBOL, PARAMETER_SHAPES, WORD_ORDER_TERMS, answer_symbols_tensor, frame_pairs,
+                              frame_symbols_mask, initial_value, mix_logits, parameter_elements, parameter_shapes,
+                              shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL", "ORDER_BY_SYMBOL"]
@@ -156,6 +162,10 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         enter the scores only through the equality terms, the copy and their ``O(S)`` vectors
         (``pyro-multihop qa --embed-dim`` passes the symbols of at least ``--embed-min-count`` training
         questions: :func:`.symbol_embedding.frequent_symbols`).
+    :param frame_symbols: a table head only. None (default): no symbol is a frame symbol, and ``frame_content``
+        adds nothing. A bool sequence ``(S,)``: the symbols whose pairs ``frame_content`` weighs
+        (``pyro-multihop qa`` passes those that no training question and no training answer names:
+        :func:`.fact_parameters.frame_symbols_of`).
 
     Example::
 
@@ -170,7 +180,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
                  answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False,
-                 embedded_symbols=None):
+                 embedded_symbols=None, frame_symbols=None):
         super().__init__()
         self.comparison = bool(comparison)
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
@@ -198,6 +208,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         init = dict(init or {})
         initial_scale = self._posterior_options(embedding_posterior, annealing, init)
         self._embedded_symbols_option(embedded_symbols, self.num_symbols)
+        frame = frame_symbols_mask(frame_symbols, self.num_symbols, self.embed_dim)
+        if frame is not None:
+            self.register_buffer(FRAME_SYMBOLS, frame)
         probs = init.pop("emission_mix_probs", None)
         if probs is not None:
             init["emission_mix"] = mix_logits(torch.as_tensor(probs, dtype=dtype), num_fields)
@@ -292,10 +305,12 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
     def svi_defaults(self) -> dict:
         """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
         decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
-        ``copy_by_symbol``, ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
+        ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
         ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
-        terms at 0: :meth:`start_variant`) and on the order terms by the previous fact's symbols (:data:`ORDER_BY_SYMBOL`; a table head only) (a Gaussian prior
-        of precision ``n`` times the decay; docs/facts.md, the copy's question terms and the order terms' decay).
+        terms at 0: :meth:`start_variant`), and in a table head 3e-3 on ``copy_by_symbol`` (3e-2 in an embedded
+        head), on ``frame_content`` (:data:`FRAME_DECAY`) and on the order terms by the previous fact's symbols
+        (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md, the copy's
+        question terms, the frame table and the order terms' decay).
         Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
         training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
         proportion to how rarely it is used, and leaves
@@ -312,8 +327,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         (``fact_chain_task``, 300 rows, ``D = 8``: 1.0, 0.907 at 2e-2). A symbol that training never showed has a
         gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
-                  "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol",
-                  "compare_flip")
+                  "direction_by_symbol", "nearest_by_symbol", "compare_choice", "compare_by_symbol", "compare_flip")
         decay = {name: 3e-2 for name in tables}
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
@@ -324,6 +338,10 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         # word-order terms at 0)
         decay["copy_by_question"] = COPY_DECAY if self.word_order else HELD_COPY_DECAY
         decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
+        if self.embed_dim is None:  # measured on bAbI: docs/facts.md, the frame table
+            decay.update(frame_content=FRAME_DECAY, copy_by_symbol=COPY_DECAY)
+        else:
+            decay["copy_by_symbol"] = 3e-2
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 
     # -- validation -----------------------------------------------------------------------------------------
@@ -373,10 +391,11 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         return (matches @ self.question_pattern[hop].reshape(K, K) * matches).sum(-1)
 
     def pair_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
-        """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``.
+        """``(c, N, N)``: ``sum_{a, b} field_equality[hop - 1, a, b] [f_i^a == f_j^b] + content_tables[hop - 1, a, b][f_i^a, f_j^b]``
+        ``+ frame_content[hop - 1][f_i^a, f_j^b]`` (the last where both are distinct frame symbols).
 
-        The equality weight is folded into the table (``+ w I``). While ``2 (S + 1) <= F N`` (:attr:`FactFeatures.by_rows`),
-        for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
+        The equality weight and the frame table are folded into each pair's table (``+ w I + frame``). While
+        ``2 (S + 1) <= F N`` (:attr:`FactFeatures.by_rows`), for each candidate field ``b`` the rows ``sum_a T_ab[f_i^a]`` ``(c, N, S + 1)`` are formed and gathered at
         ``f_j^b`` (``F`` gathers of ``(c, N, N)``); otherwise each field pair is one gather from its flat table
         at a ``(c, N, N)`` index, summed in place (the faster of the two below that size: the row sums cost
         ``O(c N F^2 S)``, the flat gathers ``O(c N^2 F^2)``; ``benchmarks/results/facts.md``). Either way no
@@ -386,7 +405,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
             return embedded.pair_term(chunk.fields, chunk.real_fields, self.symbol_vectors(chunk)[1],
                                       self.field_equality[hop - 1], self.content_bilinear[hop - 1])
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
-        tables = padded(self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye, 2)
+        tables = self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye
+        tables = padded(tables + self.frame_content[hop - 1] * frame_pairs(self.frame_symbols, eye), 2)
         if chunk.by_rows:
             # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
             by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)

@@ -70,6 +70,18 @@ def test_evaluate_on_the_test_file_gives_the_runs_results(run):
         qa_apply.evaluate_records(run["model"], unanswered)
 
 
+def test_the_frame_symbols_are_the_words_no_training_question_or_answer_names(run):
+    """The checkpoint's table head carries its frame symbols (``frame_content``'s), read from the training file's
+    words: those of a fact that no question or answer names (the relation word "parent", not the cities, which are
+    answered, nor the people that some question asks about)."""
+    head, vocabulary, _ = run["model"]
+    records = read_qa_jsonl(run["train"])
+    named = {word for record in records for word in (*record.question, record.answer)}
+    frame = {word for word, is_frame in zip(vocabulary.symbols, head.frame_symbols.tolist()) if is_frame}
+    facts = {word for record in records for fact in record.facts for word in fact}
+    assert frame == facts - named and "parent" in frame and not frame & set(CITIES)
+
+
 def test_questions_without_answers_with_ids_and_longer_are_answered(run, tmp_path):
     """No answer, ids of both kinds, unseen people and cities, and a question two tokens longer than any training
     question: each line names the id, the question, the answer and each hop's fact, and the answers are right."""

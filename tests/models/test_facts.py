@@ -433,3 +433,43 @@ def test_a_checkpoint_without_a_later_term_loads_as_the_head_it_was(tmp_path, em
             getattr(head, name).zero_()
     assert torch.allclose(old.log_likelihood(obs), head.log_likelihood(obs), atol=1e-12, rtol=0)
     assert not torch.allclose(kept.log_likelihood(obs), head.log_likelihood(obs), atol=1e-6, rtol=0)
+
+
+def test_a_checkpoint_without_the_frame_table_loads_as_the_head_it_was(tmp_path):
+    """A table head's checkpoint written before ``frame_content`` loads with it at 0 and no frame symbol, the
+    likelihood of the same head with the table zeroed; one that has them keeps both."""
+    from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
+
+    head = factories.random_fact_head(2, F, S, P, seed=6)
+    obs = factories.random_fact_observations(4, N, F, M, S, seed=5)
+    kept, _ = load_checkpoint(save_checkpoint(tmp_path / "kept.pt", head, step=0))
+    old, _ = load_checkpoint(factories.checkpoint_without(head, ["frame_content", "frame_symbols"], tmp_path))
+    assert torch.equal(kept.frame_symbols, head.frame_symbols) and bool(head.frame_symbols.any())
+    assert float(old.frame_content.detach().abs().max()) == 0 and not bool(old.frame_symbols.any())
+    assert torch.allclose(kept.log_likelihood(obs), head.log_likelihood(obs), atol=1e-12, rtol=0)
+    assert not torch.allclose(old.log_likelihood(obs), head.log_likelihood(obs), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        head.frame_content.zero_()
+    assert torch.allclose(old.log_likelihood(obs), head.log_likelihood(obs), atol=1e-12, rtol=0)
+
+
+def test_the_frame_symbols_are_those_no_question_or_answer_names_and_are_checked():
+    """``frame_symbols_of`` against a direct count of each symbol's uses (in a fact, in no question or answer); a
+    bad mask is refused by name, and an embedded head refuses one."""
+    from pyro_multihop.models.fact_parameters import frame_symbols_of
+
+    rows = factories.random_fact_observations(5, N, F, M, S + 4, seed=8)  # questions and answers among S symbols:
+    obs = FactObservations(rows.facts, rows.question.where(rows.question < 0, rows.question % S), rows.target % S,
+                           rows.full_mask(), rows.real_fields(), rows.real_tokens())
+    named = {int(obs.question[r, m]) for r in range(len(obs)) for m in range(obs.question_len)
+             if bool(obs.real_tokens()[r, m])} | {int(t) for t in obs.target}
+    in_facts = {int(obs.facts[r, i, a]) for r in range(len(obs)) for i in range(obs.num_facts)
+                for a in range(obs.num_fields) if bool(obs.real_fields()[r, i, a])}
+    expected = torch.tensor([s in in_facts and s not in named for s in range(S + 5)])  # S + 4: shown nowhere
+    assert torch.equal(frame_symbols_of(obs, S + 5), expected) and bool(expected.any()) and not bool(expected.all())
+    with pytest.raises(TypeError, match="frame_symbols must hold booleans"):
+        FactAttention(2, F, S, frame_symbols=torch.ones(S))
+    with pytest.raises(ValueError, match=r"frame_symbols must have shape \(S,\) = \(6,\), got \(5,\)"):
+        FactAttention(2, F, S, frame_symbols=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="frame_symbols needs a table head"):
+        FactAttention(2, F, S, embed_dim=4, frame_symbols=torch.ones(S, dtype=torch.bool))
