@@ -6,13 +6,25 @@ from __future__ import annotations
 import math
 import warnings
 
-__all__ = ["check_positive_int", "check_sigma2", "check_number", "renamed_keyword"]
+import torch
+
+__all__ = ["check_positive_int", "check_sigma2", "check_number", "check_symbol_mask", "renamed_keyword"]
 
 
 def check_positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_symbol_mask(name: str, value, num_symbols: int):
+    """``value`` as a ``(S,)`` bool tensor (a copy), ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    mask = torch.as_tensor(value)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must hold booleans, got dtype {mask.dtype}")
+    if tuple(mask.shape) != (num_symbols,):
+        raise ValueError(f"{name} must have shape (S,) = ({num_symbols},), got {tuple(mask.shape)}")
+    return mask.clone()
 
 
 def check_sigma2(sigma2) -> float:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from ..checks import check_symbol_mask
 from ..engine.log_space import MASKED_LOGIT
 from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
@@ -121,12 +122,7 @@ def frame_symbols_mask(frame_symbols, num_symbols: int, embed_dim: Optional[int]
         return None
     if frame_symbols is None:
         return torch.zeros(num_symbols, dtype=torch.bool)
-    mask = torch.as_tensor(frame_symbols)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"frame_symbols must hold booleans, got dtype {mask.dtype}")
-    if tuple(mask.shape) != (num_symbols,):
-        raise ValueError(f"frame_symbols must have shape (S,) = ({num_symbols},), got {tuple(mask.shape)}")
-    return mask.clone()
+    return check_symbol_mask("frame_symbols", frame_symbols, num_symbols)
 
 
 def frame_pairs(frame_symbols: torch.Tensor, eye: torch.Tensor) -> torch.Tensor:

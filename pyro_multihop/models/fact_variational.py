@@ -49,6 +49,7 @@ import torch
 from pyro.nn import pyro_method
 
 from .. import engine
+from ..checks import check_symbol_mask
 from ..embeddings import SymbolEmbeddings
 from ..guides.annealing import AnnealingSchedule, check_kl_weight, make_schedule, scale_kl
 from ..guides.mean_field import MeanFieldNormalGuide
@@ -102,15 +103,9 @@ class EmbeddingPosterior:
             if embedded_symbols is not None:
                 raise ValueError("embedded_symbols needs embed_dim: a table head has no symbol embedding")
             return
-        if embedded_symbols is None:
-            mask = torch.ones(num_symbols, dtype=torch.bool)
-        else:
-            mask = torch.as_tensor(embedded_symbols)
-            if mask.dtype != torch.bool:
-                raise TypeError(f"embedded_symbols must hold booleans, got dtype {mask.dtype}")
-            if tuple(mask.shape) != (num_symbols,):
-                raise ValueError(f"embedded_symbols must have shape (S,) = ({num_symbols},), got {tuple(mask.shape)}")
-        self.register_buffer(EMBEDDED_SYMBOLS, mask.clone())
+        mask = torch.ones(num_symbols, dtype=torch.bool) if embedded_symbols is None else \
+            check_symbol_mask("embedded_symbols", embedded_symbols, num_symbols)
+        self.register_buffer(EMBEDDED_SYMBOLS, mask)
 
     def _without_own_rows(self, embedding: torch.Tensor) -> torch.Tensor:
         """``embedding`` ``(S, D)`` with the rows of the symbols that own none at 0 (itself where all own one)."""

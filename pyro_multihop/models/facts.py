@@ -327,21 +327,18 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         (``fact_chain_task``, 300 rows, ``D = 8``: 1.0, 0.907 at 2e-2). A symbol that training never showed has a
         gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
-                  "direction_by_symbol", "nearest_by_symbol", "compare_choice", "compare_by_symbol", "compare_flip")
+                  "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol",
+                  "compare_flip")
         decay = {name: 3e-2 for name in tables}
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
                      **{name: 3e-2 for name in tables[2:]}}
-        else:  # measured on bAbI: docs/facts.md, the order terms' decay
-            decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL})
+        else:  # measured on bAbI: docs/facts.md, the order terms' decay and the frame table
+            decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL}, frame_content=FRAME_DECAY, copy_by_symbol=COPY_DECAY)
         # measured on bAbI: docs/facts.md, the copy's question terms (the stronger prior in a start that holds the
         # word-order terms at 0)
         decay["copy_by_question"] = COPY_DECAY if self.word_order else HELD_COPY_DECAY
         decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
-        if self.embed_dim is None:  # measured on bAbI: docs/facts.md, the frame table
-            decay.update(frame_content=FRAME_DECAY, copy_by_symbol=COPY_DECAY)
-        else:
-            decay["copy_by_symbol"] = 3e-2
         return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
 
     # -- validation -----------------------------------------------------------------------------------------
