@@ -246,14 +246,15 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
           task 15), start 2 the equality weights at 0, start 3 both.
         - Without it, start 1 is the equality weights at 0.
         - Then the same starts again (the head's own first) with the word-order terms held at 0
-          (:data:`~.fact_parameters.WORD_ORDER_TERMS`: the question's pattern): starts 4-7 with the comparison on,
-          2-3 without it.
+          (:data:`~.fact_parameters.WORD_ORDER_TERMS`: the question's pattern and the frame table): starts 4-7
+          with the comparison on, 2-3 without it.
 
         The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from
         it a hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9;
         docs/facts.md, "Where training starts"). The word-order terms let a hop read where the question's words
-        stand in a fact (bAbI task 4), and from every start they trap tasks 9 and 15, whose fits without them
-        have the better held-out likelihood. Those starts also fit ``copy_by_question`` under the stronger prior
+        stand in a fact (bAbI task 4) and how a fact's frame words follow each other (task 14); from every start
+        the pattern traps tasks 9 and 15, and the frame table task 15 at 10k, whose fits without them have the
+        better held-out likelihood. Those starts also fit ``copy_by_question`` under the stronger prior
         :data:`HELD_COPY_DECAY` (:meth:`svi_defaults`; docs/facts.md, the copy's question terms)."""
         self.word_order = True
         plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
@@ -265,7 +266,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
             if "held" in variants[start - 1]:
                 self.word_order = False
                 for name in WORD_ORDER_TERMS:
-                    getattr(self, name).zero_()
+                    if hasattr(self, name):  # an embedded head has no frame table
+                        getattr(self, name).zero_()
                 said.append("the word-order terms held at 0")
             if "zero" in variants[start - 1]:
                 for name in EQUALITY_WEIGHTS:
@@ -403,7 +405,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                                       self.field_equality[hop - 1], self.content_bilinear[hop - 1])
         eye = torch.eye(S, dtype=self.content_tables.dtype, device=self.content_tables.device)
         tables = self.content_tables[hop - 1] + self.field_equality[hop - 1, ..., None, None] * eye
-        tables = padded(tables + self.frame_content[hop - 1] * frame_pairs(self.frame_symbols, eye), 2)
+        if self.word_order:  # held at 0 by a start (start_variant): out of the scores, no gradient
+            tables = tables + self.frame_content[hop - 1] * frame_pairs(self.frame_symbols, eye)
+        tables = padded(tables, 2)
         if chunk.by_rows:
             # unbind, not tables[a, b]: each select's backward would fill a zero tensor of all the tables
             by_pair = [row.unbind(0) for row in tables.unbind(0)]  # by_pair[a][b]: (S + 1, S + 1)

@@ -11,7 +11,8 @@ import torch
 
 from pyro_multihop import FactAttention, TiedEmbeddingAttention, fact_chain_task, transitive_task
 from pyro_multihop.diagnostics import StartsDisagreeWarning
-from pyro_multihop.models.fact_parameters import COPY_DECAY, EQUALITY_WEIGHTS, HELD_COPY_DECAY, WORD_ORDER_TERMS
+from pyro_multihop.models.fact_parameters import (COPY_DECAY, EQUALITY_WEIGHTS, HELD_COPY_DECAY, WORD_ORDER_TERMS,
+                                                  frame_symbols_of)
 from pyro_multihop.train import STARTS_VAL_FRACTION, fit_svi, split_validation
 from pyro_multihop.train.multistart import perturb_parameters, start_path, start_seed
 from svi_test_heads import GaussianMean, Points, small_head
@@ -174,6 +175,11 @@ def test_a_head_s_own_start_variant_is_fitted_unperturbed_and_recorded():
     assert without.start_variant(2) == "the word-order terms held at 0" and not without.word_order
     assert without.start_variant(3) == "the word-order terms held at 0 and the equality weights at 0"
     assert without.start_variant(4) is None and without.word_order  # past the variants: perturbed, terms on
+    embedded = FactAttention(2, 3, 68, max_question_len=3, embed_dim=4)  # it has the pattern, no frame table
+    with torch.no_grad():
+        embedded.question_pattern.fill_(1.0)
+    assert embedded.start_variant(2) == "the word-order terms held at 0" and not embedded.word_order
+    assert float(embedded.question_pattern.abs().max()) == 0 and not hasattr(embedded, "frame_content")
 
 
 def test_the_kept_start_is_read_with_the_head_s_own_terms_after_a_variant_that_held_them():
@@ -190,11 +196,16 @@ def test_the_kept_start_is_read_with_the_head_s_own_terms_after_a_variant_that_h
 
 
 def test_a_start_with_the_word_order_terms_held_at_0_keeps_them_at_0():
-    """Fitted from start_variant(2) (no comparison), the question's pattern and the tables shared by every field
-    stay exactly 0, so the fitted head and a fresh head loaded with its parameters (the terms on, at 0) give the
-    same likelihood; the head's own start moves them."""
+    """Fitted from start_variant(2) (no comparison), the question's pattern and the frame table stay exactly 0, so
+    the fitted head and a fresh head loaded with its parameters (the terms on, at 0) give the same likelihood; the
+    head's own start moves them (the task's frame symbols, those no question or answer names, given to each)."""
     obs = fact_chain_task(60, num_facts=4, seed=0)
-    held, own = FactAttention(2, 3, 68, max_question_len=3), FactAttention(2, 3, 68, max_question_len=3)
+    frame = frame_symbols_of(obs, 68)
+    assert frame.any()
+    def head():
+        return FactAttention(2, 3, 68, max_question_len=3, frame_symbols=frame)
+
+    held, own = head(), head()
     with torch.no_grad():
         held.start_variant(2)
     quiet_fit(held, obs, seed=0)
@@ -202,7 +213,7 @@ def test_a_start_with_the_word_order_terms_held_at_0_keeps_them_at_0():
     for name in WORD_ORDER_TERMS:
         assert float(getattr(held, name).abs().max()) == 0, name
         assert float(getattr(own, name).abs().max()) > 0, name
-    loaded = FactAttention(2, 3, 68, max_question_len=3)
+    loaded = head()
     loaded.load_state_dict(held.state_dict())
     assert loaded.word_order and torch.equal(loaded.log_likelihood(obs), held.log_likelihood(obs))
 
