@@ -74,7 +74,6 @@ QUESTION_PATTERN = "question_pattern"
 #: checkpoints were first written: a checkpoint without them loads with them at 0, the head it was trained as.
 ADJACENT_LOGITS = "adjacent_logits"
 
-
 #: The weight decay of ``copy_by_question`` (:meth:`~.facts.FactAttention.svi_defaults`): 3e-3 lets the copy
 #: learn which field a question asks for (bAbI task 5: 91.8 at 1e-2, 96.0), and 1e-2 in the starts that hold
 #: :data:`WORD_ORDER_TERMS` at 0, where at 3e-3 the start bAbI task 15 keeps falls into its trap at 10k (100 / 100 at
