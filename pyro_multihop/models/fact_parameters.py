@@ -105,7 +105,10 @@ WORD_ORDER_TERMS = (QUESTION_PATTERN, FRAME_CONTENT)
 def frame_symbols_of(obs, num_symbols: int) -> torch.Tensor:
     """``(S,)`` bool: the symbols that a fact of ``obs`` (:class:`~pyro_multihop.FactObservations`) holds and no
     question or answer of it names, the frame of its facts (time words, verbs) rather than the entities asked
-    about and answered; a symbol ``obs`` never shows is none."""
+    about and answered; a symbol ``obs`` never shows is none. A symbol ``>= num_symbols`` is refused by field
+    (:meth:`~pyro_multihop.FactObservations.check_sizes`)."""
+    obs.check_sizes(num_symbols)
+
     def occurs(symbols: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         seen = torch.zeros(num_symbols + 1, dtype=torch.bool)
         seen[symbols.masked_fill(~real, num_symbols).flatten()] = True

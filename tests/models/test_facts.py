@@ -467,6 +467,8 @@ def test_the_frame_symbols_are_those_no_question_or_answer_names_and_are_checked
                 for a in range(obs.num_fields) if bool(obs.real_fields()[r, i, a])}
     expected = torch.tensor([s in in_facts and s not in named for s in range(S + 5)])  # S + 4: shown nowhere
     assert torch.equal(frame_symbols_of(obs, S + 5), expected) and bool(expected.any()) and not bool(expected.all())
+    with pytest.raises(ValueError, match=rf"facts must be < num_symbols = {S}, got"):
+        frame_symbols_of(obs, S)  # the facts hold symbols S..S+3
     with pytest.raises(TypeError, match="frame_symbols must hold booleans"):
         FactAttention(2, F, S, frame_symbols=torch.ones(S))
     with pytest.raises(ValueError, match=r"frame_symbols must have shape \(S,\) = \(6,\), got \(5,\)"):
