@@ -27,6 +27,11 @@ start each seed kept, and the training time::
 
     python benchmarks/babi.py --data-dir /work/shared/babi/en --tasks 6 9 10 15 --seeds 0 1 2 3 4 --jobs 2 --name babi_seeds --out benchmarks/results
 
+``--starts K`` gives every run ``K`` starts (the command's ``--starts``; its default otherwise), fitted one after
+another in the run's process: the seeds table "with K starts" of the one-start tasks::
+
+    python benchmarks/babi.py --data-dir /work/shared/babi/en --tasks 2 13 14 --seeds 0 1 2 3 4 --starts 2 --jobs 2 --name babi_seeds_starts2 --out benchmarks/results
+
 ``--encoding positions`` runs the chained head instead (``pyro_multihop.experiments.chained_babi.run_babi``, two
 (key, value) positions a statement), the encoding of docs/babi.md's earlier tables.
 """
@@ -177,9 +182,10 @@ def earlier_rows(path: Path, rerun: set) -> list:
 
 
 def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bool, data_dir=None,
-            seed: Optional[int] = None) -> dict:
+            seed: Optional[int] = None, starts: Optional[int] = None) -> dict:
     """One task's run (in a worker process, one thread): its results with ``train_set``, ``seed`` and ``seconds``.
-    ``seed``: the run's ``--seed`` (None: the command's default, 0), which also names its folder."""
+    ``seed``: the run's ``--seed`` (None: the command's default, 0), which also names its folder; ``starts``: the
+    command's ``--starts`` (None: its default), fitted one after another in this process."""
     torch.set_num_threads(1)
     run = run_babi_facts if encoding == "facts" else run_babi
     options = dict(steps=5, max_train=50) if smoke else {}
@@ -192,6 +198,8 @@ def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bo
     if seed is not None:
         options["seed"] = seed
         run_name += f"_seed{seed}"
+    if starts is not None:
+        options.update(starts=starts, processes=1)
     result = run(task, runs_dir / run_name, train_dir=train_dir, n_hops=hops, overwrite=True, **options)
     seconds = result.get("seconds", result.get("train_seconds"))
     result.update({"train_set": "10k" if train_dir else "1k", "seed": 0 if seed is None else seed, "seconds": seconds,
@@ -219,6 +227,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at the same time, one process and thread each (default: 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="run every task once a seed and add {name}_summary.md: mean / worst / best over the seeds")
+    parser.add_argument("--starts", type=int, default=None,
+                        help="every run fits this many starts (the command's --starts; default: the command's own)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [] if args.ten_k_only else [(task, None) for task in args.tasks]
@@ -229,9 +239,11 @@ def main(argv=None) -> int:
                 "positions": "ChainedAttention(max_distance) with experiments.chained_babi.BABI_SVI"}[args.encoding]
     if args.smoke:
         settings += ", smoke: 5 steps, 50 questions"
+    if args.starts is not None:
+        settings += f", {args.starts} starts a run (--starts {args.starts})"
     if args.seeds is not None and args.update:
         parser.error("--seeds writes a table of its own: give it a --name, not --update")
-    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed)
+    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed, args.starts)
             for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
     rows = earlier_rows(args.out / f"{name}.csv", {(("10k" if train_dir else "1k"), task) for task, train_dir in runs}) \
         if args.update else []

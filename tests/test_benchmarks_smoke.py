@@ -132,10 +132,10 @@ def test_knowledge_base_benchmark_smoke(tmp_path):
 
 def test_babi_benchmark_seeds_smoke(tmp_path):
     """benchmarks/babi.py --seeds: one run a seed, each in its own folder with its own seed, and a summary whose
-    mean / worst / best are those of the per-seed rows."""
+    mean / worst / best are those of the per-seed rows; --starts gives every run that many starts."""
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "babi.py"), "--smoke", "--tasks", "1", "--seeds", "0", "3",
-         "--jobs", "2", "--name", "seeds", "--out", str(tmp_path)],
+         "--starts", "2", "--jobs", "2", "--name", "seeds", "--out", str(tmp_path)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -145,6 +145,7 @@ def test_babi_benchmark_seeds_smoke(tmp_path):
     for seed in (0, 3):
         run = json.loads((tmp_path / "seeds_runs" / f"task1_L1_seed{seed}" / "results.json").read_text())
         assert run["seed"] == seed
+        assert [start["start"] for start in run["starts"]] == [0, 1]
     answers = 100 * rows["answer_accuracy"]
     line = next(line for line in (tmp_path / "seeds_summary.md").read_text().splitlines() if line.startswith("| 1 |"))
     assert f"| 0, 3 | {answers.mean():.1f} / {answers.min():.1f} / {answers.max():.1f} |" in line
