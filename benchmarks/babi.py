@@ -18,7 +18,8 @@ task outside :data:`TASK_HOPS` takes its hops from the data (the most supporting
 as ``pyro-multihop babi`` does).
 
 ``--update`` keeps the rows of the existing ``{name}.csv`` that this invocation does not rerun (marked "kept from an
-earlier run" in the table), so that one expensive task can be left as it was.
+earlier run" in the table, with the commit it was run on where the row records one), so that one expensive task can
+be left as it was. Every row records ``code``, the commit of the library it ran on (:func:`code_version`).
 
 ``--seeds S [S ...]`` runs every task once a seed (``pyro-multihop babi --seed S``: the seed draws the held-out tenth
 that chooses among a run's starts, the nine tenths that train, the perturbed starts and the mini-batches) and adds
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -87,6 +89,21 @@ PUBLISHED = {
 }
 
 
+def code_version() -> Optional[str]:
+    """The commit the library's code is at (``git rev-parse --short HEAD``), with ``+changes`` where a tracked file
+    under ``pyro_multihop/`` differs from it; None outside a git checkout. Every row records it (``code``), so that
+    a row kept by ``--update`` says which code it was run on."""
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "pyro_multihop")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
 def percent(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
@@ -128,7 +145,7 @@ def seed_summary(rows: list) -> list:
     return lines
 
 
-def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = False) -> None:
+def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = False, code: Optional[str] = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / f"{name}.csv", index=False)
     lines = [
@@ -140,7 +157,8 @@ def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = 
     ]
     for row in rows:
         memn2n, goal = PUBLISHED.get(row["task"], ("-", "-"))
-        earlier = " (kept from an earlier run)" if row.get("earlier_run") else ""
+        run_code = f", code {row['code']}" if isinstance(row.get("code"), str) else ""
+        earlier = f" (kept from an earlier run{run_code})" if row.get("earlier_run") else ""
         seed = f" {row['seed']} |" if seeds else ""
         kept = f" {kept_start(row)} |" if seeds else ""
         lines.append(
@@ -154,7 +172,7 @@ def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = 
         f"{'one run a seed' if seeds else 'one seed (0)'}; "
         "training time in wall-clock seconds on a shared machine. Supporting facts: the question-only MAP hop "
         "path visits the annotated facts in order; per hop: the share whose hop l attends the l-th supporting "
-        "fact.\n\n" + "\n".join(lines) + "\n"
+        f"fact.{'' if code is None else f' Code: {code}.'}\n\n" + "\n".join(lines) + "\n"
     )
     if seeds:
         (out / f"{name}_summary.md").write_text(
@@ -245,15 +263,16 @@ def main(argv=None) -> int:
         parser.error("--seeds writes a table of its own: give it a --name, not --update")
     jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed, args.starts)
             for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
+    code = code_version()
     rows = earlier_rows(args.out / f"{name}.csv", {(("10k" if train_dir else "1k"), task) for task, train_dir in runs}) \
         if args.update else []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for future in as_completed([pool.submit(one_run, *job) for job in jobs]):
-            result = future.result()
+            result = dict(future.result(), code=code)
             print(json.dumps(result), flush=True)
             rows.append(result)
             rows.sort(key=lambda row: (row["train_set"], row["task"], row["hops"], row.get("seed", 0)))
-            write_tables(rows, args.out, name, settings, seeds=args.seeds is not None)
+            write_tables(rows, args.out, name, settings, seeds=args.seeds is not None, code=code)
     return 0
 
 

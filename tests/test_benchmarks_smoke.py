@@ -149,3 +149,27 @@ def test_babi_benchmark_seeds_smoke(tmp_path):
     answers = 100 * rows["answer_accuracy"]
     line = next(line for line in (tmp_path / "seeds_summary.md").read_text().splitlines() if line.startswith("| 1 |"))
     assert f"| 0, 3 | {answers.mean():.1f} / {answers.min():.1f} / {answers.max():.1f} |" in line
+    # every row records the commit it ran on, as git names it here (none outside a git checkout)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert all(str(code).split("+")[0] == head.stdout.strip() for code in rows["code"])
+    else:
+        assert rows["code"].isna().all()
+
+
+def test_babi_benchmark_update_marks_kept_rows_with_their_code(tmp_path):
+    """--update keeps the rows not rerun; the table marks them, with the commit each was run on where it is known."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import babi
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    row = {"task": 4, "train_set": "1k", "hops": 1, "answer_accuracy": 1.0, "fact_accuracy": 1.0,
+           "hop_fact_accuracy": [1.0], "seconds": 9.0, "seed": 0}
+    babi.write_tables([dict(row, code="abc1234"), dict(row, task=5)], tmp_path, "table", "settings", code="def5678")
+    kept = babi.earlier_rows(tmp_path / "table.csv", rerun={("1k", 5)})
+    assert [r["task"] for r in kept] == [4] and kept[0]["code"] == "abc1234"
+    babi.write_tables(kept + [dict(row, task=5, code="def5678")], tmp_path, "table", "settings", code="def5678")
+    text = (tmp_path / "table.md").read_text()
+    assert "| 4 (kept from an earlier run, code abc1234) |" in text and "| 5 | 1k |" in text
+    assert "Code: def5678." in text
