@@ -200,10 +200,11 @@ def earlier_rows(path: Path, rerun: set) -> list:
 
 
 def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bool, data_dir=None,
-            seed: Optional[int] = None, starts: Optional[int] = None) -> dict:
+            seed: Optional[int] = None, starts: Optional[int] = None, steps: Optional[int] = None) -> dict:
     """One task's run (in a worker process, one thread): its results with ``train_set``, ``seed`` and ``seconds``.
     ``seed``: the run's ``--seed`` (None: the command's default, 0), which also names its folder; ``starts``: the
-    command's ``--starts`` (None: its default), fitted one after another in this process."""
+    command's ``--starts`` (None: its default), fitted one after another in this process; ``steps``: the command's
+    ``--steps`` (None: the head's ``svi_defaults``)."""
     torch.set_num_threads(1)
     run = run_babi_facts if encoding == "facts" else run_babi
     options = dict(steps=5, max_train=50) if smoke else {}
@@ -218,6 +219,8 @@ def one_run(encoding: str, task: int, hops, train_dir, runs_dir: Path, smoke: bo
         run_name += f"_seed{seed}"
     if starts is not None:
         options.update(starts=starts, processes=1)
+    if steps is not None and not smoke:
+        options["steps"] = steps
     result = run(task, runs_dir / run_name, train_dir=train_dir, n_hops=hops, overwrite=True, **options)
     seconds = result.get("seconds", result.get("train_seconds"))
     result.update({"train_set": "10k" if train_dir else "1k", "seed": 0 if seed is None else seed, "seconds": seconds,
@@ -247,6 +250,8 @@ def main(argv=None) -> int:
                         help="run every task once a seed and add {name}_summary.md: mean / worst / best over the seeds")
     parser.add_argument("--starts", type=int, default=None,
                         help="every run fits this many starts (the command's --starts; default: the command's own)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="SVI steps of every run (the command's --steps; default: the head's svi_defaults)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = [] if args.ten_k_only else [(task, None) for task in args.tasks]
@@ -259,10 +264,12 @@ def main(argv=None) -> int:
         settings += ", smoke: 5 steps, 50 questions"
     if args.starts is not None:
         settings += f", {args.starts} starts a run (--starts {args.starts})"
+    if args.steps is not None:
+        settings += f", {args.steps} steps (--steps {args.steps})"
     if args.seeds is not None and args.update:
         parser.error("--seeds writes a table of its own: give it a --name, not --update")
-    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed, args.starts)
-            for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
+    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed, args.starts,
+             args.steps) for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
     code = code_version()
     rows = earlier_rows(args.out / f"{name}.csv", {(("10k" if train_dir else "1k"), task) for task, train_dir in runs}) \
         if args.update else []
