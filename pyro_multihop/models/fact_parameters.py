@@ -15,8 +15,8 @@ from . import symbol_embedding as embedded
 
 __all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS",
            "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS", "FRAME_CONTENT", "FRAME_SYMBOLS", "FRAME_DECAY",
-           "COPY_DECAY", "HELD_COPY_DECAY", "frame_symbols_of", "frame_symbols_mask", "frame_pairs", "parameter_shapes",
-           "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
+           "COPY_DECAY", "HELD_COPY_DECAY", "TABLE_STEPS", "EMBEDDED_STEPS", "frame_symbols_of", "frame_symbols_mask",
+           "frame_pairs", "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
 EQUALITY_WEIGHTS = ("question_equality", "field_equality")
@@ -91,6 +91,12 @@ FRAME_CONTENT, FRAME_SYMBOLS = "frame_content", "frame_symbols"
 #: 92.5 / 95.1, at 1e-2 93.8 / 97.4, at 3e-3 95.3 / 99.5 (the misses now copies of a time word), and with the copy's
 #: symbol weights at 3e-3 in place of 3e-2, 99.9 / 99.7 (docs/facts.md, the frame table).
 FRAME_DECAY = 3e-3
+
+#: Full-batch SVI steps of the head's ``svi_defaults``: a table head's fits were still moving at 300, where bAbI
+#: task 13 at 1k gave 98.3 (the next "they" fact beaten by a later one the frame table liked); at 600, 100 / 100, and
+#: task 2 95.0 / 94.8 to 96.6 / 96.6 (96.8 / 96.7 at 1000), task 3 97.8 / 96.7 to 98.4 / 97.0, tasks 9 and 10 to
+#: 100 (docs/babi.md, "How the tables got here"). An embedded head keeps 300, where it was measured.
+TABLE_STEPS, EMBEDDED_STEPS = 600, 300
 
 #: The terms that read a fact's wording rather than its content: the question's pattern (where the question's words
 #: stand in a fact) and the frame table (how the words around a fact's content follow each other). The pattern makes

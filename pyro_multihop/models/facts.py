@@ -101,10 +101,10 @@ from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
-from .fact_parameters import (COPY_DECAY, EQUALITY_START, EQUALITY_WEIGHTS, FRAME_DECAY, FRAME_SYMBOLS, HELD_COPY_DECAY,
-                              ORDER_BY_SYMBOL, PARAMETER_SHAPES, WORD_ORDER_TERMS, answer_symbols_tensor, frame_pairs,
-                              frame_symbols_mask, initial_value, mix_logits, parameter_elements, parameter_shapes,
-                              shape_of)
+from .fact_parameters import (COPY_DECAY, EMBEDDED_STEPS, EQUALITY_START, EQUALITY_WEIGHTS, FRAME_DECAY, FRAME_SYMBOLS,
+                              HELD_COPY_DECAY, ORDER_BY_SYMBOL, PARAMETER_SHAPES, TABLE_STEPS, WORD_ORDER_TERMS,
+                              answer_symbols_tensor, frame_pairs, frame_symbols_mask, initial_value, mix_logits,
+                              parameter_elements, parameter_shapes, shape_of)
 
 __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL", "ORDER_BY_SYMBOL"]
@@ -305,8 +305,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         return fact_checkpoints.checkpoint_mismatch(self, config, state_dict)
 
     def svi_defaults(self) -> dict:
-        """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: 300 full-batch steps, lr 0.1
-        decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
+        """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: full-batch steps, 600 in a table head
+        and 300 in an embedded one (:data:`~.fact_parameters.TABLE_STEPS`, :data:`~.fact_parameters.EMBEDDED_STEPS`),
+        lr 0.1 decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
         ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
         ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
         terms at 0: :meth:`start_variant`), and in a table head 3e-3 on ``copy_by_symbol`` (3e-2 in an embedded
@@ -341,7 +342,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         # word-order terms at 0)
         decay["copy_by_question"] = COPY_DECAY if self.word_order else HELD_COPY_DECAY
         decay["question_pattern"] = 3e-2  # measured on bAbI: docs/facts.md, the question pattern
-        return {"num_steps": 300, "lr": 0.1, "lr_decay": 0.1, "batch_size": None, "weight_decay": self._posterior_decay(decay)}
+        steps = TABLE_STEPS if self.embed_dim is None else EMBEDDED_STEPS
+        return {"num_steps": steps, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
+                "weight_decay": self._posterior_decay(decay)}
 
     # -- validation -----------------------------------------------------------------------------------------
     def check_observations(self, obs, name: str = "obs") -> FactObservations:
