@@ -145,7 +145,8 @@ def seed_summary(rows: list) -> list:
     return lines
 
 
-def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = False, code: Optional[str] = None) -> None:
+def write_tables(rows: list, out: Path, name: str, settings: str, seeds: bool = False,
+                 code: Optional[str] = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / f"{name}.csv", index=False)
     lines = [
@@ -268,8 +269,9 @@ def main(argv=None) -> int:
         settings += f", {args.steps} steps (--steps {args.steps})"
     if args.seeds is not None and args.update:
         parser.error("--seeds writes a table of its own: give it a --name, not --update")
-    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed, args.starts,
-             args.steps) for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
+    jobs = [(args.encoding, task, hops, train_dir, args.out / f"{name}_runs", args.smoke, args.data_dir, seed,
+             args.starts, args.steps)
+            for task, train_dir in runs for hops in args.hops or [TASK_HOPS.get(task)] for seed in args.seeds or [None]]
     code = code_version()
     rows = earlier_rows(args.out / f"{name}.csv", {(("10k" if train_dir else "1k"), task) for task, train_dir in runs}) \
         if args.update else []

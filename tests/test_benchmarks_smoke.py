@@ -1,5 +1,6 @@
 """The chained-loss benchmark runs end to end at smoke size and writes its table."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -159,11 +160,9 @@ def test_babi_benchmark_seeds_smoke(tmp_path):
 
 def test_babi_benchmark_update_marks_kept_rows_with_their_code(tmp_path):
     """--update keeps the rows not rerun; the table marks them, with the commit each was run on where it is known."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import babi
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("babi_benchmark", ROOT / "benchmarks" / "babi.py")
+    babi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(babi)
     row = {"task": 4, "train_set": "1k", "hops": 1, "answer_accuracy": 1.0, "fact_accuracy": 1.0,
            "hop_fact_accuracy": [1.0], "seconds": 9.0, "seed": 0}
     babi.write_tables([dict(row, code="abc1234"), dict(row, task=5)], tmp_path, "table", "settings", code="def5678")

@@ -16,7 +16,8 @@ from . import symbol_embedding as embedded
 __all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS",
            "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS", "FRAME_CONTENT", "FRAME_SYMBOLS", "FRAME_DECAY",
            "COPY_DECAY", "HELD_COPY_DECAY", "TABLE_STEPS", "EMBEDDED_STEPS", "frame_symbols_of", "frame_symbols_mask",
-           "frame_pairs", "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
+           "frame_pairs", "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits",
+           "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
 EQUALITY_WEIGHTS = ("question_equality", "field_equality")

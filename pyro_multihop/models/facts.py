@@ -305,8 +305,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         return fact_checkpoints.checkpoint_mismatch(self, config, state_dict)
 
     def svi_defaults(self) -> dict:
-        """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: full-batch steps, 600 in a table head
-        and 300 in an embedded one (:data:`~.fact_parameters.TABLE_STEPS`, :data:`~.fact_parameters.EMBEDDED_STEPS`),
+        """One set of :func:`~pyro_multihop.train.fit_svi` settings for every task: full-batch steps, 600 in a table
+        head and 300 in an embedded one (:data:`~.fact_parameters.TABLE_STEPS`, :data:`~.fact_parameters.EMBEDDED_STEPS`),
         lr 0.1 decaying to 0.01, and weight decay 3e-2 on the symbol-indexed tables of the scores and on
         ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
         ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
