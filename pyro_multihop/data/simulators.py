@@ -170,7 +170,7 @@ def fact_chain_task(
     random fact ``(z, r, z')`` (``z, z'`` fresh entities, never a chain entity). The question is
     ``[word(r_1), .., word(r_L), X]`` (``M = L + 1``, ``word(r) = R + r``) and the target is ``e_L``.
 
-    Generating structure (:func:`pyro_multihop.models.facts.fact_chain_truth`): hop 1 attends the fact
+    Generating structure (:func:`pyro_multihop.models.fact_truth.fact_chain_truth`): hop 1 attends the fact
     whose subject equals the question's entity and whose relation the first question word names, hop
     ``l`` the fact whose subject equals the previous fact's object and whose relation word ``l`` names;
     the answer copies the object of the last fact. It answers every row correctly: no distractor matches

@@ -66,7 +66,7 @@ __all__ = [
     "fact_matches",
 ]
 
-#: The en 1k files of tasks 1, 2, 3, 10 and 11-16, shipped inside the package (``datasets/babi_data/en``), so
+#: The en 1k files of tasks 1, 2, 3, 10, 11-16 and 19, shipped inside the package (``datasets/babi_data/en``), so
 #: that they load from an installed wheel too.
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "babi_data" / "en"
 #: Statements kept before a question (MemN2N's memory size).

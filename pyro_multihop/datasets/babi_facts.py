@@ -7,7 +7,7 @@
 - a statement's tokens (:func:`~.babi.tokenize`: whitespace-separated, lowercased, punctuation stripped)
   are its fields, in their order: token ``k`` fills field ``k`` (the :mod:`~.qa_jsonl` rule for a fact);
 - the question's tokens are the question; the answer is its tokens joined by one space, one symbol (a
-  multi-word answer is one phrase symbol);
+  multi-word answer is one phrase symbol; a list answer's parts joined by one comma, ``"s,e"``);
 - the supporting statements become indices into the facts, in the annotated order.
 
 Every token of every statement is kept: nothing is chosen by a word list, by where a word stands, or by
@@ -38,8 +38,11 @@ __all__ = ["babi_records", "answer_symbol", "load_task_records"]
 
 
 def answer_symbol(answer: str) -> str:
-    """A bAbI answer as one symbol: its tokens (:func:`~.babi.tokenize`) joined by one space."""
-    return " ".join(tokenize(answer)) or answer.strip()
+    """A bAbI answer as one symbol: its tokens (:func:`~.babi.tokenize`) joined by one space, the parts of a list
+    answer (the format's commas: ``"s,e"``, ``"football,apple"``) kept apart by one comma (``ANSWER_PART_SEPARATOR``
+    of :mod:`~pyro_multihop.experiments.qa`'s answer parts)."""
+    parts = [" ".join(tokenize(part)) for part in answer.split(",")]
+    return ",".join(parts) if all(parts) else (" ".join(tokenize(answer)) or answer.strip())
 
 
 def babi_records(questions: Sequence[BabiQuestion], memory: int = DEFAULT_MEMORY) -> List[QARecord]:

@@ -4,6 +4,7 @@ takes is :mod:`.routes`."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -45,6 +46,12 @@ class HopFactors:
         ``extra_elements``.
     :ivar extra_elements: None, or ``N -> elements``: working memory per row, in elements, that the head's
         ``dense_chain`` and ``position_emission`` need beyond the engine's count (chunks shrink to fit).
+    :ivar target_chain: None, or ``chunk -> HopChain``: log factors of each row's target that depend on the hops
+        (an answer per hop: ``log p(part l of the target | z_{l-1}, z_l)``, ``init (c, N)``, ``trans (L - 1, c, N,
+        N)``). With it, :attr:`dense_chain` is the constructor's chain plus these (the chain given the target, the
+        target's last factor included, so ``position_target`` gives 0 at real positions) and :attr:`prior_chain`
+        the constructor's alone; a query before the target is seen reads :meth:`given` ``(False)``'s factors, and
+        predictions are the head's (:func:`~.queries.predict_proba` refuses them).
 
     The observations the engine is given need only ``len()``, ``context_len``, ``obs[slice or LongTensor]``,
     ``to(device)``, ``device``, ``mask``, ``full_mask()`` and ``target``; ``keys``, ``values`` and ``query``
@@ -56,13 +63,17 @@ class HopFactors:
                  position_emission: Optional[Callable[[object], torch.Tensor]] = None,
                  extra_elements: Optional[Callable[[int], float]] = None,
                  position_target: Optional[Callable[[object], torch.Tensor]] = None,
-                 position_mixture: Optional[Callable[[object, torch.Tensor], torch.Tensor]] = None, *,
+                 position_mixture: Optional[Callable[[object, torch.Tensor], torch.Tensor]] = None,
+                 target_chain: Optional[Callable[[object], HopChain]] = None, *,
                  num_symbols: Optional[int] = None, num_targets: Optional[int] = None,
                  dtype: Optional[torch.dtype] = None, device=None):
         if position_mixture is not None and position_emission is None:
             raise ValueError("a position_mixture mixes a position_emission: position_emission must be given too")
         if position_emission is not None and scores is not None:
             raise ValueError("a gate with a position_emission has no symbol score tables (scores must be None)")
+        if target_chain is not None and (position_target is None or position_mixture is not None):
+            raise ValueError("a target_chain holds the target's factors: it needs a position_target (0 at real "
+                             "positions) and no position_mixture")
         if log_emission is None and position_emission is None:
             raise ValueError("log_emission is None but there is no position_emission: the factors need an emission")
         stated = {"num_symbols": num_symbols, "num_targets": num_targets, "dtype": dtype,
@@ -82,7 +93,9 @@ class HopFactors:
         self.num_symbols, self.num_targets = int(stated["num_symbols"]), int(stated["num_targets"])
         self.dtype, self.device = stated["dtype"], stated["device"]
         self.log_emission = log_emission
-        self.dense_chain = dense_chain
+        self.prior_chain = dense_chain
+        self.target_chain = target_chain
+        self.dense_chain = dense_chain if target_chain is None else functools.partial(_given, dense_chain, target_chain)
         self.n_hops = n_hops
         self.score_tables: Optional[ScoreTables] = as_score_tables(scores)
         self.position_emission = position_emission
@@ -93,15 +106,22 @@ class HopFactors:
     def replace(self, **changes) -> "HopFactors":
         """A copy with some fields changed (the stated sizes, dtype and device are read again from a new
         ``log_emission``)."""
-        fields = {"log_emission": self.log_emission, "dense_chain": self.dense_chain, "n_hops": self.n_hops,
+        fields = {"log_emission": self.log_emission, "dense_chain": self.prior_chain, "n_hops": self.n_hops,
                   "scores": self.score_tables, "position_emission": self.position_emission,
                   "extra_elements": self.extra_elements, "position_target": self.position_target,
-                  "position_mixture": self.position_mixture}
+                  "position_mixture": self.position_mixture, "target_chain": self.target_chain}
         if changes.get("log_emission", self.log_emission) is None:
             fields.update(num_symbols=self.num_symbols, num_targets=self.num_targets, dtype=self.dtype,
                           device=self.device)
         fields.update(changes)
         return HopFactors(**fields)
+
+    def given(self, given_target: bool) -> "HopFactors":
+        """The factors of a query: these, or with ``given_target=False`` and a :attr:`target_chain`, the prior chain's
+        alone (its target emission is never read there)."""
+        if given_target or self.target_chain is None:
+            return self
+        return self.replace(target_chain=None)
 
     @property
     def reads_symbols(self) -> bool:
@@ -133,6 +153,12 @@ class HopFactors:
         maximum 1), computed once per :class:`HopFactors` and shared by every chunk (each possibly a transposed
         view)."""
         return self.score_tables.transition_weights()
+
+
+def _given(dense_chain, target_chain, chunk) -> HopChain:
+    """``dense_chain(chunk)`` plus ``target_chain(chunk)``, factor by factor."""
+    prior, target = dense_chain(chunk), target_chain(chunk)
+    return HopChain(prior.init + target.init, prior.trans + target.trans)
 
 
 def first_hop_log_probs(scores, obs) -> torch.Tensor:

@@ -105,6 +105,7 @@ def map_paths(factors: HopFactors, obs, budget=None, given_target: bool = True, 
         slices from 0, ``prepared`` a :class:`~.routes.PreparedChunk` on the max-product's route, ``emission``
         its :func:`~.posterior.shifted_emission` triple), as a forward-backward pass kept them
         (:func:`~.queries.posterior_marginals`' ``keep``): decoded without preparing them again."""
+    factors = factors.given(given_target)
     out = torch.empty(len(obs), factors.n_hops, dtype=torch.long, device=factors.device)
     route = choose_route(factors, obs.context_len, max_product=True)
     done = 0
@@ -373,6 +374,7 @@ def k_best_paths(factors: HopFactors, obs, k: int, budget=None, given_target: bo
     ``given_target=False``, those of the prior chain (targets ignored: the paths followed before the answer is
     seen), with their prior log-probabilities."""
     check_positive_int("k", k)
+    factors = factors.given(given_target)
     n, L, N = len(obs), factors.n_hops, obs.context_len
     device = factors.device
     paths = torch.zeros(n, k, L, dtype=torch.long, device=device)
@@ -433,6 +435,7 @@ def sample_paths(factors: HopFactors, obs, num_samples: int, generator=None, bud
     """``(num_samples, n, L)`` hop paths drawn from the posterior given the target (forward filtering,
     backward sampling); with ``given_target=False``, from the prior chain (the paths before the target is seen)."""
     check_positive_int("num_samples", num_samples)
+    factors = factors.given(given_target)
     out = torch.empty(num_samples, len(obs), factors.n_hops, dtype=torch.long, device=factors.device)
     route = choose_route(factors, obs.context_len)
     with torch.no_grad():
@@ -451,6 +454,7 @@ def path_entropy(factors: HopFactors, obs, budget=None, given_target: bool = Tru
 
         H(z_1..z_L | target) = H(z_L | target) + sum_{l<L} E_{z_{l+1} | target} H(z_l | z_{l+1})
     """
+    factors = factors.given(given_target)
     out = torch.empty(len(obs), dtype=factors.dtype, device=factors.device)
     N = obs.context_len
     route = choose_route(factors, N, backward=True)

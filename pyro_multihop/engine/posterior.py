@@ -106,6 +106,7 @@ def posterior_chunk(factors: HopFactors, chunk, route: str, pairwise: bool = Fal
     and the rows that underflow on their dense factors too come last, in log space (route ``"log"``): the fallback
     of :func:`~.routes.run_with_fallback`. With ``given_target=False`` the emission is 1 everywhere (the posterior is
     the prior chain)."""
+    factors = factors.given(given_target)
     extra = (factors.n_hops - 1) * chunk.context_len**2 if pairwise else 0.0
 
     def attempt(chunk, route):
@@ -178,6 +179,7 @@ def forward_backward_chunks(factors: HopFactors, obs, budget=None, pairwise: boo
     :param rows: rows per chunk (default: as many as the budget allows).
     :param given_target: False: the prior chain's posterior (the targets ignored, :func:`posterior_chunk`).
     """
+    factors = factors.given(given_target)
     n, N = len(obs), obs.context_len
     route = choose_route(factors, N, backward=True) if route is None else route
     if route == "symbols" and factors.score_tables is None:

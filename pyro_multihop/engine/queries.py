@@ -73,6 +73,9 @@ def log_likelihood(factors: HopFactors, obs, budget=None) -> torch.Tensor:
 
 def predict_proba(factors: HopFactors, obs, budget=None) -> torch.Tensor:
     """``(n, T)`` predictive target distribution, the hop latents marginalised (targets of ``obs`` unused)."""
+    if factors.target_chain is not None:
+        raise ValueError("these factors emit the target along the hops (target_chain): a prediction sums over the paths "
+                         "once per answer, the head's predict_proba")
     n, N = len(obs), obs.context_len
     S, T = factors.num_symbols, factors.num_targets
     route = choose_route(factors, N)
@@ -126,6 +129,7 @@ def posterior_marginals(factors: HopFactors, obs, budget=None, pairwise: bool = 
     queries that reuse them), the first chunks only, while their rows at ``kept_bytes_per_row`` fit in the
     memory budget. ``given_target=False``: the prior chain's (the hop marginals before the target is seen; the
     log-likelihood is then 0)."""
+    factors = factors.given(given_target)
     kept_rows, limit = 0, resolve_budget(budget)
     L, n, N = factors.n_hops, len(obs), obs.context_len
     like = {"dtype": factors.dtype, "device": factors.device}

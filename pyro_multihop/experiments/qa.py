@@ -172,9 +172,26 @@ def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
     return need
 
 
+#: What separates the parts of an answer said one part per hop (bAbI's list answers: ``"s,e"``).
+ANSWER_PART_SEPARATOR = ","
+
+
+def hop_answer_parts(records: Sequence[QARecord], vocabulary: QAVocabulary, n_hops: int) -> Optional[dict]:
+    """``{answer symbol: L part numbers}`` where every training answer has ``n_hops`` > 1 non-empty parts
+    (:data:`ANSWER_PART_SEPARATOR`), the parts numbered in sorted order; None otherwise (the answer is emitted from
+    the last hop's fact). The rule reads the answers' form, no word: ``FactAttention``'s ``answer_parts``."""
+    if n_hops < 2:
+        return None
+    split = {record.answer: record.answer.split(ANSWER_PART_SEPARATOR) for record in records}
+    if not split or any(len(parts) != n_hops or not all(parts) for parts in split.values()):
+        return None
+    numbers = {part: number for number, part in enumerate(sorted({p for parts in split.values() for p in parts}))}
+    return {vocabulary.index(answer): [numbers[part] for part in parts] for answer, parts in sorted(split.items())}
+
+
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
                embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None,
-               embedded_symbols=None, frame_symbols=None):
+               embedded_symbols=None, frame_symbols=None, answer_parts=None):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
@@ -184,13 +201,15 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     passes the training answers to an embedded head); ``embedded_symbols``: the symbols that own a row of its
     embedding (``FactAttention``'s; :func:`run_qa` passes those of ``embed_min_count`` training questions);
     ``frame_symbols``: a table head's frame symbols (``FactAttention``'s; :func:`run_qa` passes those that no
-    training question or answer names). With ``check_memory``, :func:`check_head_memory` runs first."""
+    training question or answer names); ``answer_parts``: an answer per hop (``FactAttention``'s; :func:`run_qa` passes
+    :func:`hop_answer_parts`). With ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
         check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim,
                           num_answers=None if answer_symbols is None else len(answer_symbols))
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
                          embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
-                         answer_symbols=answer_symbols, embedded_symbols=embedded_symbols, frame_symbols=frame_symbols)
+                         answer_symbols=answer_symbols, embedded_symbols=embedded_symbols, frame_symbols=frame_symbols,
+                         answer_parts=answer_parts)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -333,7 +352,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     ``embed_min_count`` and how many ``embedded_symbols``); ``comparison``: the emission's comparison component on
     (True), off (False) or, by default (None), on where some training answer occurs in no fact of its question:
     only a learnt part of the emission can give such an answer, and a yes / no / maybe answer needs the comparison;
-    where every answer is in a fact (a knowledge base's entities) it stays off. The rule reads no word. ``starts`` by
+    where every answer is in a fact (a knowledge base's entities) it stays off, and where every training answer has
+    ``n_hops`` parts (:func:`hop_answer_parts`: then the answer is said per hop, ``results.json``'s
+    ``answer_per_hop``). The rule reads no word. ``starts`` by
     default: :data:`~.command_defaults.COMPARISON_STARTS` where the comparison is on (starts 1 and 3 are the
     emission without it, starts 2 and 3 the equality weights at 0, starts 4-7 the same four with the word-order
     terms held at 0: ``FactAttention.start_variant``, so the held-out log-likelihood chooses whether the comparison
@@ -357,14 +378,15 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         embed_min_count = command_defaults.EMBED_MIN_COUNT if embed_min_count is None else embed_min_count
         embedded = frequent_symbols(train.obs, vocabulary.num_symbols, embed_min_count)
     train_outside = answers_outside_facts(train_records)  # the sources of the answers no fact holds
+    parts = hop_answer_parts(train_records, vocabulary, n_hops)  # said per hop: no last-hop emission to compare in
     chosen = comparison is None
-    comparison = bool(train_outside) if chosen else bool(comparison)
+    comparison = bool(train_outside) and parts is None if chosen else bool(comparison)
     if starts is None:
         starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
     # the frame table's symbols (a table head): those no training question or answer names, read from the data
     frame = frame_symbols_of(train.obs, vocabulary.num_symbols) if embed_dim is None else None
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
-                      answer_symbols=answers, embedded_symbols=embedded, frame_symbols=frame)
+                      answer_symbols=answers, embedded_symbols=embedded, frame_symbols=frame, answer_parts=parts)
     test.require_answers("evaluating the test questions")
     _report(log, answers_outside_facts_message(train_records, "training"))
     _report(log, answers_outside_facts_message(test_records, "test"))
@@ -373,6 +395,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
             "with and without it, from the equality weights at 1 and at 0, with and without the word-order terms, the "
             "best held-out log-likelihood kept "
             "(--no-comparison: off)")
+    if parts is not None and log is not None:
+        log(f"note: every training answer has {n_hops} parts (separated by {ANSWER_PART_SEPARATOR!r}): the answer is "
+            "said per hop, part l by the fact hop l attends")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,
@@ -395,6 +420,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "train_answers_outside_facts": len(train_outside),
         "test_answers_outside_facts": len(answers_outside_facts(test_records)),
         "comparison": head.comparison,
+        "answer_per_hop": head.per_hop_answers,
         **({} if embedded is None else {"embed_min_count": embed_min_count,
                                         "embedded_symbols": int(embedded.sum())}),
         **findings,

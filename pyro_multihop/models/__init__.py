@@ -3,7 +3,8 @@
 from ..engine.moved_names import deprecated_aliases
 from .base import HopAttentionHead, KeyValueAttentionHead
 from .chained import ChainedAttention, onehot_gate_logits
-from .facts import FactAttention, fact_chain_truth
+from .facts import FactAttention
+from .fact_truth import fact_chain_truth
 from .tied import (
     TiedEmbeddingAttention,
     embedding_gate_logits,

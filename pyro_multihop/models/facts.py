@@ -88,9 +88,8 @@ from pyro.nn import pyro_method
 from pyro.ops.indexing import Vindex
 
 from .. import engine
-from ..checks import check_number, renamed_keyword
 from ..distributions import CollapsedHopChain, GateCategorical
-from ..data import FactObservations, fact_chain_vocabulary
+from ..data import FactObservations
 from ..gate_ops import flat_gather, log_normalize
 from ..engine.log_space import MASKED_LOGIT, HopChain
 from . import symbol_embedding as embedded
@@ -99,6 +98,7 @@ from . import fact_comparison as comparison
 from .fact_comparison import FLIP_START
 from . import fact_checkpoints
 from .fact_emission import FactEmission
+from .fact_hop_answers import HopAnswers
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
 from .fact_parameters import (COPY_DECAY, EMBEDDED_STEPS, EQUALITY_START, EQUALITY_WEIGHTS, FRAME_DECAY, FRAME_SYMBOLS,
@@ -106,7 +106,7 @@ from .fact_parameters import (COPY_DECAY, EMBEDDED_STEPS, EQUALITY_START, EQUALI
                               answer_symbols_tensor, frame_pairs, frame_symbols_mask, initial_value, mix_logits,
                               parameter_elements, parameter_shapes, shape_of)
 
-__all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_elements", "parameter_shapes",
+__all__ = ["FactAttention", "nearest_sharing", "parameter_elements", "parameter_shapes",
            "PARAMETER_SHAPES", "EM_REFUSAL", "ORDER_BY_SYMBOL"]
 
 #: Why :class:`FactAttention` has no EM: every term sits inside a hop's softmax normaliser (the emission's mix
@@ -114,7 +114,7 @@ __all__ = ["FactAttention", "fact_chain_truth", "nearest_sharing", "parameter_el
 EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
               "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
 
-class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
+class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
 
     The generative story and the terms of the score are in the module docstring; every parameter is an
@@ -166,6 +166,9 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         adds nothing. A bool sequence ``(S,)``: the symbols whose pairs ``frame_content`` weighs
         (``pyro-multihop qa`` passes those that no training question and no training answer names:
         :func:`.fact_parameters.frame_symbols_of`).
+    :param answer_parts: None (default): the answer is emitted from the last hop's fact. ``{answer symbol: L part
+        numbers}``: an answer per hop, part ``l`` said by hop ``l``'s fact from the side the path enters it
+        (:mod:`.fact_hop_answers`; ``pyro-multihop qa`` passes it where every training answer has ``L`` parts).
 
     Example::
 
@@ -180,7 +183,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
                  answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False,
-                 embedded_symbols=None, frame_symbols=None):
+                 embedded_symbols=None, frame_symbols=None, answer_parts=None):
         super().__init__()
         self.comparison = bool(comparison)
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
@@ -236,6 +239,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
             else:
                 value = torch.zeros(shape, dtype=dtype)
             self._set_parameter(name, value, initial_scale)
+        self._answer_parts_option(answer_parts, dtype)
 
     def start_variant(self, start: int) -> Optional[str]:
         """Start ``start`` of ``fit_svi(starts=K)``, set in place: the head's other starts, so that the held-out
@@ -288,6 +292,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         if self.answer_symbols is not None:
             config["answer_symbols"] = self.answer_symbols.tolist()
         config = {**config, **self._posterior_config()}
+        config = {**config, "answer_parts": self.answer_parts_config()} if self.per_hop_answers else config
         return {**config, "comparison": True} if self.comparison else config
 
     # what a checkpoint written by an earlier release means, and why one of the other kind cannot load
@@ -492,7 +497,7 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
             # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and
             # matches, the pattern's (P F) counts and their product with it
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + 5 * P * N * F
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + 5 * P * N * F + self.part_elements(N)
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
@@ -500,7 +505,8 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
             # with the forms, the (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S)
             # emission of predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
             D, A = self.embed_dim, self.num_answers
-            return (2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
+            return ((2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
+                    + self.part_elements(N))
 
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
@@ -508,8 +514,12 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
         # a draw of E fixed now (the model's) is the one the engine's later calls read
         chain, emission, target, mixture = map(self._at_this_embedding, (self.hop_chain, self.emission_log_probs,
                                                                          position_target, self.emission_mixture))
-        return engine.HopFactors(None, chain, L, position_emission=emission, position_target=target,
-                                 position_mixture=mixture,
+        per_hop = {}  # an answer per hop: the target's factors along the chain, none at its end (fact_hop_answers)
+        if self.per_hop_answers:
+            per_hop = {"target_chain": self.target_chain, "position_mixture": None,
+                       "position_target": lambda chunk: self.age_slopes.new_zeros(len(chunk), chunk.context_len)}
+        return engine.HopFactors(None, chain, L, **{"position_emission": emission, "position_target": target,
+                                                    "position_mixture": mixture, **per_hop},
                                  extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
                                  num_symbols=S, num_targets=self.num_targets,
                                  dtype=self.age_slopes.dtype, device=self.age_slopes.device)
@@ -519,21 +529,26 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
     @config_enumerate
     def model(self, obs: FactObservations, subsample_size: Optional[int] = None, kl_weight=1.0) -> None:
         """Enumerated model: plate ``observations`` (dim -1), hop sites ``z_1..z_L`` (enumerated in parallel) and
-        the observed ``target``, sampled inside the last hop's ``pyro.markov`` iteration. ``Trace.format_shapes()``
+        the observed ``target``, sampled inside the last hop's ``pyro.markov`` iteration (with ``answer_parts``, the
+        observed ``answer_part_l`` inside hop ``l``'s, in its place). ``Trace.format_shapes()``
         (L = 2, n = 4, N = 6): ``z_1`` value ``(6, 1)``, ``z_2`` value ``(6, 1, 1)``, ``target`` dist ``(6, 1, 4)``. A
         mean-field ``E`` is the site ``symbol_embedding`` first, under ``scale_kl(kl_weight)`` (:mod:`.fact_variational`)."""
         self.check_observations(obs)
         with self.drawn_embedding(kl_weight), \
                 pyro.plate("observations", len(obs), subsample_size=subsample_size, dim=-1) as index:
             batch = _rows(obs, index, subsample_size)
-            first, later = self.hop_logits(batch)
-            log_emission = self.emission_log_probs(batch)  # (c, N, S)
+            chunk = self._chunk(batch)
+            first, later = self.hop_logits(batch, chunk)
+            log_emission = None if self.per_hop_answers else self.emission_log_probs(batch)  # (c, N, S)
             rows = torch.arange(len(batch), device=batch.device)
             position = None
             for hop in pyro.markov(range(self.n_hops)):
                 logits = first if hop == 0 else Vindex(later[hop - 1])[rows, position]  # (..., c, N)
-                position = pyro.sample(f"z_{hop + 1}", GateCategorical(logits), infer={"enumerate": "parallel"})
-                if hop == self.n_hops - 1:
+                previous, position = position, pyro.sample(f"z_{hop + 1}", GateCategorical(logits),
+                                                           infer={"enumerate": "parallel"})
+                if self.per_hop_answers:  # an answer per hop: a site at every hop (fact_hop_answers)
+                    self.observe_answer_part(hop, chunk, batch.target, rows, previous, position)
+                elif hop == self.n_hops - 1:
                     pyro.sample("target", dist.Categorical(logits=Vindex(log_emission)[rows, position]), obs=batch.target)
 
     @pyro_method
@@ -562,35 +577,3 @@ class FactAttention(FactEmission, EmbeddingPosterior, HopAttentionHead):
 def _rows(obs: FactObservations, index: torch.Tensor, subsample_size: Optional[int]) -> FactObservations:
     """The plate's mini-batch of ``obs`` (all of it without subsampling)."""
     return obs if subsample_size is None or subsample_size >= len(obs) else obs[index]
-
-
-def fact_chain_truth(n_hops: int = 2, num_relations: int = 4, train_entities: int = 40, test_entities: int = 20,
-                     strength: float = 20.0, dtype=None, *, hops: Optional[int] = None) -> FactAttention:
-    """The generating structure of :func:`~pyro_multihop.data.fact_chain_task` as a :class:`FactAttention`.
-
-    Hop ``l`` picks question word ``l`` (and hop 1 also the entity, the last token) by position; question word
-    ``R + r`` matches relation ``r`` in field 1 (``question_tables``) and the entity matches field 0 by
-    equality; from hop 2 on, the previous fact's object (field 2) must equal the candidate's subject
-    (``field_equality[l, 2, 0]``); the answer copies the last fact's object. ``strength`` scales every weight.
-    ``n_hops``: ``L`` (``hops=``, its old keyword, is deprecated).
-    """
-    n_hops = renamed_keyword("fact_chain_truth", "n_hops", n_hops, "hops", hops, default=2)
-    check_number("strength", strength, strict=True)
-    vocabulary = fact_chain_vocabulary(num_relations, train_entities, test_entities)
-    L, S, P = n_hops, vocabulary.num_symbols, n_hops + 1
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    position = torch.full((L, P), -strength, dtype=dtype)
-    for hop in range(L):
-        position[hop, hop] = 0.0
-    position[0, L] = 0.0  # hop 1 also reads the entity
-    question_equality = torch.zeros(L, 3, dtype=dtype)
-    question_equality[0, 0] = 2 * strength  # half of hop 1's choice is the entity, matched to the subject
-    question_tables = torch.zeros(L, 3, S, S, dtype=dtype)
-    for r in vocabulary.relations:
-        question_tables[:, 1, vocabulary.question_words[r], r] = strength
-    question_tables[0] *= 2  # hop 1 gives the relation word half of its choice
-    field_equality = torch.zeros(max(L - 1, 0), 3, 3, dtype=dtype)
-    field_equality[:, 2, 0] = strength
-    init = {"question_position": position, "question_equality": question_equality, "question_tables": question_tables,
-            "field_equality": field_equality, "emission_mix_probs": [0, 0, 0, 0, 0, 1]}
-    return FactAttention(n_hops, 3, S, max_question_len=P, dtype=dtype, init=init)

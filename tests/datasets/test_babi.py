@@ -157,7 +157,7 @@ def test_shipped_data_carries_its_license_and_attribution():
     root = babi.DEFAULT_DATA_DIR.parent
     assert "Creative Commons" in (root / "LICENSE.txt").read_text() or "Attribution" in (root / "LICENSE.txt").read_text()
     assert "Weston" in (root / "SOURCE.md").read_text()
-    assert len(list(babi.DEFAULT_DATA_DIR.glob("qa*_*.txt"))) == 20  # ten tasks, training and test
+    assert len(list(babi.DEFAULT_DATA_DIR.glob("qa*_*.txt"))) == 22  # eleven tasks, training and test
 
 
 def test_task_files_reads_release_layout(tmp_path):

@@ -52,4 +52,4 @@ def test_wheel_installed_in_a_fresh_venv_loads_a_shipped_task(tmp_path):
     loaded = json.loads(run.stdout.strip().splitlines()[-1])
     assert Path(loaded["module"]).is_relative_to(environment), loaded["module"]
     assert Path(loaded["data_dir"]).is_relative_to(environment)
-    assert loaded["n"] == 1000 and loaded["license"] and loaded["source"] and loaded["files"] == 20
+    assert loaded["n"] == 1000 and loaded["license"] and loaded["source"] and loaded["files"] == 22
