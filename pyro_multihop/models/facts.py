@@ -92,6 +92,7 @@ from ..distributions import CollapsedHopChain, GateCategorical
 from ..data import FactObservations
 from ..gate_ops import flat_gather, log_normalize
 from ..engine.log_space import MASKED_LOGIT, HopChain
+from ..engine.moved_names import deprecated_aliases
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
 from . import fact_comparison as comparison
@@ -572,6 +573,10 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
                 f"max_question_len={self.max_question_len}, max_distance={self.max_distance}"
                 + ("" if self.embed_dim is None else f", embed_dim={self.embed_dim}")
                 + ("" if self.answer_symbols is None else f", num_answers={self.num_answers}"))
+
+
+# Moved to fact_truth (the generating structure of fact_chain_task); the old path is kept for one release.
+__getattr__ = deprecated_aliases(__name__, {"fact_chain_truth": (f"{__package__}.fact_truth", "fact_chain_truth")})
 
 
 def _rows(obs: FactObservations, index: torch.Tensor, subsample_size: Optional[int]) -> FactObservations:
