@@ -43,6 +43,7 @@ __all__ = [
     "chain_sample_posterior",
     "chain_entropy",
     "chain_k_best",
+    "path_normalised_logits",
 ]
 
 # Renamed (<rows>Posterior, Log for log space); the old name is kept for one release.
@@ -132,6 +133,25 @@ def _kmax_step(k: int) -> LogStep:
         return _top(scores.flatten(-3, -2), k, dim=-2)
 
     return step
+
+
+def path_normalised_logits(first: torch.Tensor, later: list) -> Tuple[torch.Tensor, list]:
+    """Gate logits of the hop chain whose paths are distributed as one softmax over whole paths of the scores
+    ``first[z_1] + sum_l later[l - 2][z_{l-1}, z_l]`` (a linear-chain CRF over the hops), rather than one softmax
+    per hop: ``(first + log b_1, [later[l - 2] + log b_l[None, :] ...])``, with the backward messages of the
+    unnormalised potentials ``log b_L = 0``, ``log b_{l-1}(i) = logsumexp_j(later[l - 2][i, j] + log b_l(j))``.
+    A softmax per hop of the returned logits is that chain (``b_{l-1}(i)`` is constant in ``j``): a hop's choice
+    then weighs how well the paths through each candidate go on, where a softmax per hop gives a candidate with no
+    good way on the same share as one with.
+
+    :param first: ``(c, N)``. :param later: ``L - 1`` tensors ``(c, N, N)``; masked entries at ``MASKED_LOGIT``.
+    """
+    beta = torch.zeros_like(first)
+    shifted = [None] * len(later)
+    for hop in reversed(range(len(later))):
+        shifted[hop] = later[hop] + beta.unsqueeze(-2)
+        beta = torch.logsumexp(shifted[hop], -1)
+    return first + beta, shifted
 
 
 def _log_forward_messages(chain: HopChain) -> list:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import command_defaults
 
-__all__ = ["add_qa_parser", "add_comparison_argument", "add_starts_arguments", "qa_command", "babi_facts_command",
+__all__ = ["add_qa_parser", "add_comparison_argument", "add_path_normalised_argument", "add_starts_arguments", "qa_command", "babi_facts_command",
            "print_note"]
 
 
@@ -48,6 +48,7 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
                     "others (entities seen once or twice) enter through equality and the copy alone, as unseen "
                     f"ones do (default: {command_defaults.EMBED_MIN_COUNT}; 1: every symbol; docs/facts.md)")
     add_comparison_argument(qa)
+    add_path_normalised_argument(qa)
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
@@ -69,6 +70,14 @@ def add_comparison_argument(command) -> None:
                          "fields (the emission's comparison component); default: on where some training answer "
                          "occurs in no fact of its question, with starts without it (--starts), the one with the "
                          "best held-out log-likelihood kept")
+
+
+def add_path_normalised_argument(command) -> None:
+    """``--path-normalised`` / ``--no-path-normalised`` of ``qa`` and ``babi`` (``FactAttention(path_normalised=...)``)."""
+    command.add_argument("--path-normalised", action=argparse.BooleanOptionalAction, default=None,
+                         help="one softmax over whole hop paths (a CRF over the hops) in place of one per hop; "
+                         "default: on where the answer is said per hop (every training answer has one "
+                         "comma-separated part per hop)")
 
 
 def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None:
@@ -103,7 +112,7 @@ def qa_command(args) -> int:
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
                      progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim,
                      embed_min_count=args.embed_min_count, comparison=args.comparison, starts=args.starts,
-                     processes=args.processes)
+                     processes=args.processes, path_normalised=args.path_normalised)
     print(json.dumps(results))
     return 0
 
@@ -121,6 +130,7 @@ def babi_facts_command(args) -> int:
     results = run_babi_facts(args.task, args.out, data_dir=args.data_dir, train_dir=args.train_dir, n_hops=args.hops,
                              memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
                              batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress,
-                             log=print_note, starts=args.starts, processes=args.processes, comparison=args.comparison)
+                             log=print_note, starts=args.starts, processes=args.processes, comparison=args.comparison,
+                             path_normalised=args.path_normalised)
     print(json.dumps(results))
     return 0

@@ -91,7 +91,7 @@ from .. import engine
 from ..distributions import CollapsedHopChain, GateCategorical
 from ..data import FactObservations
 from ..gate_ops import flat_gather, log_normalize
-from ..engine.log_space import MASKED_LOGIT, HopChain
+from ..engine.log_space import MASKED_LOGIT, HopChain, path_normalised_logits
 from ..engine.moved_names import deprecated_aliases
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
@@ -170,6 +170,9 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
     :param answer_parts: None (default): the answer is emitted from the last hop's fact. ``{answer symbol: L part
         numbers}``: an answer per hop, part ``l`` said by hop ``l``'s fact from the side the path enters it
         (:mod:`.fact_hop_answers`; ``pyro-multihop qa`` passes it where every training answer has ``L`` parts).
+    :param bool path_normalised: False (default): a softmax per hop (the story above). True: one softmax over whole
+        paths of the summed scores (:func:`~pyro_multihop.engine.log_space.path_normalised_logits`, a CRF over the
+        hops; still a Markov chain, every query exact): a hop-1 fact with no good way on loses its share.
 
     Example::
 
@@ -184,7 +187,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
                  answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False,
-                 embedded_symbols=None, frame_symbols=None, answer_parts=None):
+                 embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False):
         super().__init__()
         self.comparison = bool(comparison)
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
@@ -193,6 +196,9 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         if not isinstance(revisit, bool):
             raise TypeError(f"revisit must be a bool, got {revisit!r}")
         self.revisit = revisit
+        if not isinstance(path_normalised, bool):
+            raise TypeError(f"path_normalised must be a bool, got {path_normalised!r}")
+        self.path_normalised = path_normalised
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.num_fields = check_positive_int("num_fields", num_fields)
         self.num_symbols = check_positive_int("num_symbols", num_symbols)
@@ -290,6 +296,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
         config["revisit"] = self.revisit
+        config = {**config, "path_normalised": True} if self.path_normalised else config
         if self.answer_symbols is not None:
             config["answer_symbols"] = self.answer_symbols.tolist()
         config = {**config, **self._posterior_config()}
@@ -466,7 +473,8 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
 
     def hop_logits(self, obs: FactObservations, chunk: Optional[FactFeatures] = None):
         """Unnormalised gate logits, padded facts (and, without ``revisit``, the previous hop's fact) at
-        ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``, ``later[l - 2][r, i, j] = s_l(i, j)``."""
+        ``MASKED_LOGIT``: ``(first (c, N), [later (c, N, N)] * (L - 1))``, ``later[l - 2][r, i, j] = s_l(i, j)`` (with
+        ``path_normalised``, shifted by :func:`~pyro_multihop.engine.log_space.path_normalised_logits`)."""
         chunk = self._chunk(obs) if chunk is None else chunk
         blocked = ~chunk.real.unsqueeze(-2)  # (c, 1, N): padded candidates
         if not self.revisit:  # nor the previous hop's fact, unless it is the row's only real fact
@@ -481,7 +489,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
             logits = self.pair_term(hop, chunk).add_(about_question.unsqueeze(-2))
             logits = self.add_nearest_term(hop, chunk, self.add_order_term(hop, chunk, logits))
             later.append(logits.masked_fill_(blocked, MASKED_LOGIT))
-        return first, later
+        return path_normalised_logits(first, later) if self.path_normalised else (first, later)
 
     def hop_chain(self, obs: FactObservations) -> HopChain:
         """Dense log factors of the hop chain of a chunk (``init (c, N)``, ``trans (L - 1, c, N, N)``)."""

@@ -63,7 +63,7 @@ def test_a_route_is_learnt_as_the_generating_structure_answers_it(tmp_path):
     """The generating structure answers every test question (its route is the only one from the source); the
     fit reaches it on questions it never saw, one part from each hop's fact read from the side it enters."""
     results = run_qa(route_records(300, seed=2), route_records(200, seed=3), 2, tmp_path / "run", steps=300)
-    assert results["answer_per_hop"] is True and results["comparison"] is False
+    assert results["answer_per_hop"] is True and results["comparison"] is False and results["path_normalised"] is True
     assert results["answer_accuracy"] >= 0.95 and results["fact_accuracy"] >= 0.95
     lines = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
     assert all(len(line["answer"].split(",")) == 2 for line in lines)
@@ -97,3 +97,24 @@ def test_task_19_relabelled_gives_the_same_predictions(tmp_path):
                                             ("nothing", "nothing"), ("New York", "new york")])
 def test_a_list_answer_keeps_its_parts(answer, symbol):
     assert babi_facts.answer_symbol(answer) == symbol
+
+
+def test_the_babi_command_says_task_19_per_hop_and_its_checkpoint_evaluates(tmp_path, capsys):
+    """``babi --task 19``: the answer per hop and the path-normalised chain by default, ``--no-path-normalised``
+    turns the latter off; ``evaluate`` on the run's checkpoint gives the run's scores."""
+    from pyro_multihop.cli import main
+    from pyro_multihop.datasets.qa_jsonl import write_qa_jsonl
+
+    common = ["babi", "--task", "19", "--max-train", "100", "--steps", "30", "--no-progress"]
+    assert main(common + ["--out", str(tmp_path / "on")]) == 0
+    assert "the answer is said per hop" in capsys.readouterr().err
+    assert main(common + ["--no-path-normalised", "--out", str(tmp_path / "off")]) == 0
+    on, off = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("on", "off"))
+    assert on["answer_per_hop"] and off["answer_per_hop"] and on["comparison"] is False
+    assert on["path_normalised"] is True and off["path_normalised"] is False
+    assert on["log_likelihood"] != off["log_likelihood"]
+    test = write_qa_jsonl(babi_facts.load_task_records(19, max_train=100)[1], tmp_path / "test.jsonl")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "on" / "checkpoint.pt"), "--data", str(test)]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["answer_accuracy"] == on["answer_accuracy"] and scores["fact_accuracy"] == on["fact_accuracy"]
