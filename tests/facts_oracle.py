@@ -202,3 +202,33 @@ def summaries(tables, N, L):
         "log_joints": log_joints,
         "log_priors": [{path: float(prior) for path, (prior, _) in table.items()} for table in tables],
     }
+
+
+def assert_likelihood_exact(head, obs, expected, atol=1e-9):
+    """The head's log-likelihood equals ``expected`` ``(n,)``, in one chunk and in chunks of one row."""
+    assert torch.allclose(head.log_likelihood(obs), expected, atol=atol, rtol=0)
+    assert torch.allclose(head.log_likelihood(obs, budget=1), expected, atol=atol, rtol=0)  # one row a chunk
+
+
+def pyro_model_losses(head, obs, expected, atol=1e-9):
+    """``(enumerated, collapsed)``: the losses of the head's enumerated model (``TraceEnum_ELBO``) and collapsed
+    model (``Trace_ELBO``) with its guide, each asserted equal to ``expected`` (the exact negative log-likelihood)."""
+    import pyro
+    from pyro.infer import Trace_ELBO, TraceEnum_ELBO
+
+    with pyro.get_param_store().scope():
+        enumerated = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)
+        collapsed = Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs)
+    assert torch.allclose(enumerated, expected, atol=atol, rtol=0)
+    assert torch.allclose(collapsed, expected, atol=atol, rtol=0)
+    return enumerated, collapsed
+
+
+def assert_marginals_and_map_exact(head, obs, expected, atol=1e-9):
+    """Hop and pairwise marginals (one row a chunk) and the MAP paths given the target and of the prior equal
+    :func:`summaries`' ``expected``."""
+    posterior = head.posterior(obs, pairwise=True, budget=1)
+    assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=atol, rtol=0)
+    assert torch.allclose(head.pairwise_marginals(obs), expected["pairwise_marginals"], atol=atol, rtol=0)
+    assert torch.equal(head.map_paths(obs), expected["map_given"])
+    assert torch.equal(head.map_paths(obs, given_target=False), expected["map_prior"])

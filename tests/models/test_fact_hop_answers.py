@@ -10,7 +10,7 @@ import math
 import pyro
 import pytest
 import torch
-from pyro.infer import Trace_ELBO, TraceEnum_ELBO
+from pyro.infer import TraceEnum_ELBO
 
 from pyro_multihop import FactAttention, engine, load_checkpoint, save_checkpoint
 from pyro_multihop.models.facts import PARAMETER_SHAPES
@@ -100,9 +100,7 @@ def hop_case(request):
 
 def test_likelihood_and_predictions_equal_brute_force(hop_case):
     head, obs, tables, predictive, _ = hop_case
-    expected = oracle.log_likelihood(tables)
-    assert torch.allclose(head.log_likelihood(obs), expected, atol=1e-9, rtol=0)
-    assert torch.allclose(head.log_likelihood(obs, budget=1), expected, atol=1e-9, rtol=0)  # one row a chunk
+    oracle.assert_likelihood_exact(head, obs, oracle.log_likelihood(tables))
     predicted = head.predict_proba(obs, budget=1)
     assert torch.allclose(predicted, torch.stack(predictive), atol=1e-9, rtol=0)
     assert (predicted[:, S - 1] == 0).all() and (predicted.sum(-1) <= 1 + 1e-12).all()
@@ -110,11 +108,7 @@ def test_likelihood_and_predictions_equal_brute_force(hop_case):
 
 def test_posterior_queries_given_the_answer_and_before_it(hop_case):
     head, obs, _, _, expected = hop_case
-    posterior = head.posterior(obs, pairwise=True, budget=1)
-    assert torch.allclose(posterior.hop_marginals, expected["hop_marginals"], atol=1e-9, rtol=0)
-    assert torch.allclose(head.pairwise_marginals(obs), expected["pairwise_marginals"], atol=1e-9, rtol=0)
-    assert torch.equal(head.map_paths(obs), expected["map_given"])
-    assert torch.equal(head.map_paths(obs, given_target=False), expected["map_prior"])
+    oracle.assert_marginals_and_map_exact(head, obs, expected)
     given = torch.tensor([path_entropy(t) for t in expected["log_joints"]], dtype=torch.float64)
     prior = torch.tensor([path_entropy(t) for t in expected["log_priors"]], dtype=torch.float64)
     assert torch.allclose(head.path_entropy(obs), given, atol=1e-9, rtol=0)
@@ -177,12 +171,7 @@ def test_gradients_and_pyro_models_equal_the_oracles(L):
     assert head.part_tables.grad[:, 0].abs().sum() > 0 and head.part_tables.grad[:, 1:1 + F].abs().sum() > 0
     if L > 1:  # the previous fact's matches enter after hop 1
         assert head.part_tables.grad[1:, 1 + F:].abs().sum() > 0
-    expected = -exact.detach().sum()
-    with pyro.get_param_store().scope():
-        enumerated = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(head.model, head.guide, obs)
-        collapsed = Trace_ELBO().differentiable_loss(head.collapsed_model, head.guide, obs)
-    assert torch.allclose(enumerated, expected, atol=1e-9, rtol=0)
-    assert torch.allclose(collapsed, expected, atol=1e-9, rtol=0)
+    oracle.pyro_model_losses(head, obs, -exact.detach().sum())
 
 
 def test_the_enumerated_model_refuses_a_target_without_parts():
