@@ -10,7 +10,8 @@ import pytest
 
 from pyro_multihop.datasets import babi, babi_facts
 from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary
-from pyro_multihop.experiments.qa import hop_answer_parts, run_qa
+from pyro_multihop.experiments.qa import hop_answer_parts, load_qa_checkpoint, run_qa
+from pyro_multihop.experiments.qa_apply import path_records
 from tests.datasets.test_babi_facts import relabelled_copy
 
 OPPOSITE = {0: 1, 1: 0, 2: 3, 3: 2}
@@ -118,3 +119,9 @@ def test_the_babi_command_says_task_19_per_hop_and_its_checkpoint_evaluates(tmp_
     assert main(["evaluate", "--checkpoint", str(tmp_path / "on" / "checkpoint.pt"), "--data", str(test)]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["answer_accuracy"] == on["answer_accuracy"] and scores["fact_accuracy"] == on["fact_accuracy"]
+    # a trained model on new questions: the question-only paths and those given the answer, k best and sampled
+    model = load_qa_checkpoint(tmp_path / "on" / "checkpoint.pt")
+    records = babi_facts.load_task_records(19, max_train=100)[1][:3]
+    for entry, record in zip(path_records(model, records, k=2, num_samples=4), records):
+        assert entry["given_answer"] == record.answer and len(entry["question_only"]["k_best"]) == 2
+        assert sum(sample["count"] for sample in entry["given_answer_paths"]["samples"]) == 4
