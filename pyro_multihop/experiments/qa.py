@@ -68,6 +68,7 @@ from ..datasets.qa_jsonl import (
     write_jsonl,
 )
 from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
+from ..models.fact_hop_answers import PART_SHAPES
 from ..models.fact_parameters import frame_symbols_of
 from ..models.symbol_embedding import frequent_symbols
 from ..plots import plot_fact_posteriors
@@ -120,16 +121,21 @@ def available_memory_bytes() -> Optional[int]:
 
 
 def head_memory_bytes(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, dtype=None,
-                      embed_dim: Optional[int] = None, num_answers: Optional[int] = None) -> dict:
+                      embed_dim: Optional[int] = None, num_answers: Optional[int] = None,
+                      num_parts: Optional[int] = None) -> dict:
     """What training the head of :func:`facts_head` needs, in bytes, before it is allocated:
     ``{"parameters", "training", "largest", "largest_bytes"}``. ``training`` = 4 x the parameters (their values,
     gradients and Adam's two moments) + 3 x the largest table of one hop (its padded copy and gradients while a
     chunk is scored) + the engine's memory budget (one chunk of rows). The ``S x S`` tables dominate:
     ``question_tables (L, F, S, S)``, ``content_tables (L - 1, F, F, S, S)``, ``emission_tables (F, S, S)``. With
-    ``embed_dim=D`` there are none: the largest of one hop is an ``(S, D)`` embedding's gradient (``O(S D)``)."""
+    ``embed_dim=D`` there are none: the largest of one hop is an ``(S, D)`` embedding's gradient (``O(S D)``).
+    ``num_parts``: an answer per hop of that many parts adds ``part_tables (L, 1 + 2 F, F, S, D)``."""
     size = torch.finfo(torch.get_default_dtype() if dtype is None else dtype).bits // 8
     elements = parameter_elements(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len, embed_dim,
                                   num_answers)
+    if num_parts is not None:
+        F = vocabulary.num_fields
+        elements["part_tables"] = n_hops * (1 + 2 * F) * F * vocabulary.num_symbols * num_parts
     largest = max(elements, key=elements.get)
     if embed_dim is None:
         per_hop = max(elements["question_tables"] // n_hops, elements["emission_tables"],
@@ -149,12 +155,14 @@ def _gib(count: float) -> str:
 
 
 def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, available: Optional[int] = None,
-                      embed_dim: Optional[int] = None, num_answers: Optional[int] = None) -> dict:
+                      embed_dim: Optional[int] = None, num_answers: Optional[int] = None,
+                      num_parts: Optional[int] = None) -> dict:
     """Raise :class:`HeadMemoryError` (one line: how much, and which ``S x S`` table) when training the head
     needs more than ``available`` bytes (default :func:`available_memory_bytes`); returns
     :func:`head_memory_bytes`. An embedded head (``embed_dim``) needs ``O(S D)``: it is refused only when even
     that does not fit."""
-    need = head_memory_bytes(vocabulary, n_hops, max_question_len, embed_dim=embed_dim, num_answers=num_answers)
+    need = head_memory_bytes(vocabulary, n_hops, max_question_len, embed_dim=embed_dim, num_answers=num_answers,
+                             num_parts=num_parts)
     available = available_memory_bytes() if available is None else available
     if available is not None and need["training"] > available and embed_dim is not None:
         raise HeadMemoryError(
@@ -166,7 +174,8 @@ def check_head_memory(vocabulary: QAVocabulary, n_hops: int, max_question_len: i
         raise HeadMemoryError(
             f"training the facts head needs about {_gib(need['training'])} but {_gib(available)} of memory is "
             f"available: its S x S tables grow as the square of the vocabulary (S = {S} symbols, F = {F} fields, "
-            f"L = {n_hops} hops); {name} {PARAMETER_SHAPES[name]} alone holds {_gib(need['largest_bytes'])}, and "
+            f"L = {n_hops} hops); {name} {({**PARAMETER_SHAPES, **PART_SHAPES})[name]} alone holds "
+            f"{_gib(need['largest_bytes'])}, and "
             f"training keeps 4 copies (values, gradients, Adam's two moments); use --embed-dim D (symbol "
             f"embeddings, O(S D) memory), fewer distinct tokens (map rare ones to one token) or shorter facts")
     return need
@@ -205,8 +214,9 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     :func:`hop_answer_parts`); ``path_normalised``: one softmax over whole hop paths (``FactAttention``'s). With
     ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
+        num_parts = None if answer_parts is None else 1 + max(max(parts) for parts in answer_parts.values())
         check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim,
-                          num_answers=None if answer_symbols is None else len(answer_symbols))
+                          num_answers=None if answer_symbols is None else len(answer_symbols), num_parts=num_parts)
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
                          embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
                          answer_symbols=answer_symbols, embedded_symbols=embedded_symbols, frame_symbols=frame_symbols,

@@ -47,6 +47,10 @@ from .fact_features import FactFeatures
 
 __all__ = ["HopAnswers", "PART_SHAPES", "parts_table"]
 
+#: Shape of the parameters of an answer per hop (``D`` parts), only in a head given ``answer_parts``.
+PART_SHAPES = {"part_tables": "(L, 1 + 2 F, F, S, D)"}
+
+
 def parts_table(answer_parts, num_symbols: int, n_hops: int) -> Optional[torch.Tensor]:
     """``(S + 1, L)`` long: row ``t`` the parts of answer symbol ``t``, -1 where ``t`` has none (the last row is
     padding's); None for ``answer_parts = None``.

@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from pyro_multihop.datasets import babi, babi_facts
 from pyro_multihop.datasets.qa_jsonl import QARecord, QAVocabulary
@@ -125,3 +126,19 @@ def test_the_babi_command_says_task_19_per_hop_and_its_checkpoint_evaluates(tmp_
     for entry, record in zip(path_records(model, records, k=2, num_samples=4), records):
         assert entry["given_answer"] == record.answer and len(entry["question_only"]["k_best"]) == 2
         assert sum(sample["count"] for sample in entry["given_answer_paths"]["samples"]) == 4
+
+
+def test_the_memory_estimate_counts_the_parts_tables():
+    """``head_memory_bytes(num_parts=D)`` adds the parameters the head allocates for its parts (counted from the
+    head, not from the formula), and a machine too small for them is told so before anything is allocated."""
+    from pyro_multihop.experiments.qa import HeadMemoryError, check_head_memory, facts_head, head_memory_bytes
+
+    records = route_records(20, seed=4)
+    vocabulary = QAVocabulary.build(records)
+    parts = hop_answer_parts(records, vocabulary, 2)
+    head = facts_head(vocabulary, 2, 5, answer_parts=parts)
+    plain, with_parts = head_memory_bytes(vocabulary, 2, 5), head_memory_bytes(vocabulary, 2, 5, num_parts=4)
+    size = torch.finfo(torch.get_default_dtype()).bits // 8
+    assert with_parts["parameters"] - plain["parameters"] == head.part_tables.numel() * size
+    with pytest.raises(HeadMemoryError, match="part_tables"):
+        check_head_memory(vocabulary, 2, 5, available=with_parts["training"] - 1, num_parts=10**5)
