@@ -21,7 +21,8 @@ from the first step. (A table of the symbols times a weight of the entry fields,
 ``O(F^2 S D)``, starts at a saddle: with the weights alike a row learns both of its opposite parts alike, and the
 weights learn nothing until a row tells them apart; on bAbI task 19, 1k, that form answered 52.0 %, 67.7 % from a
 random start of the weights, 86.7 % from a start that told the fields apart, and 52.5 % on the route task of
-``tests/experiments/test_qa_hop_answers.py``, where these tables answer 86.5 % and 100 %.)
+``tests/experiments/test_qa_hop_answers.py``, where these tables answer 86.5 % and 100 %; task 19 answers 100 %
+over a chain normalised over whole paths, ``path_normalised=True``, which ``qa`` turns on with them.)
 
 Each factor depends on the previous hop only through its fact, so the hop latents stay a Markov chain: the factors
 of the row's target are folded into the chain's (``HopFactors.target_chain``: ``init (c, N)`` at hop 1,

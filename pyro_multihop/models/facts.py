@@ -13,6 +13,9 @@ vocabulary of ``S`` symbols for facts, question and answer)::
                   │        │               │
             (facts (N, F), observed; every hop also reads the question)
 
+(``path_normalised=True``: one softmax over whole paths of the summed scores in place of one per hop;
+``answer_parts``: the target said one part per hop, :mod:`.fact_hop_answers`.)
+
 The score of candidate fact ``j`` at hop ``l``, given the fact ``i`` the previous hop attended, is a sum of
 learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i``, ``[.]`` an indicator,
 ``U`` = :data:`~pyro_multihop.models.chained.DISTANCE_UNIT`)::
