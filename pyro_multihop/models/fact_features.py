@@ -41,6 +41,8 @@ class FactFeatures:
         self._pair_index = None
         self._question_index = None
         self._question_matches = None
+        self._in_question = None
+        self._shared_fields = None
         self.vectors = None  # the embedded head's (question, facts) embedding rows, gathered on first use
 
     def order_features(self):
@@ -105,6 +107,32 @@ class FactFeatures:
                 matches[:, :, min(m, num_positions - 1)] += same.to(matches.dtype)
             self._question_matches = matches.view(c, N, num_positions * F)
         return self._question_matches
+
+    def in_question(self) -> torch.Tensor:
+        """``(c, N, F)``: ``[r, j, b]`` = whether the real field ``b`` of fact ``j`` equals a real question token, in
+        the parameters' dtype (the copy's question equality, an answer per hop's entry); one ``(c, N, F)`` comparison
+        a token, built on first use."""
+        if self._in_question is None:
+            found = torch.zeros_like(self.real_fields)
+            for m in range(self.question.shape[1]):
+                found |= (self.fields == self.question[:, m, None, None]) & self.real_tokens[:, m, None, None]
+            self._in_question = (found & self.real_fields).to(self.rank.dtype)
+        return self._in_question
+
+    def shared_fields(self) -> torch.Tensor:
+        """``(c, N, N, F)``: ``[r, i, j, b]`` = whether the real field ``b`` of fact ``j`` equals a real field of fact
+        ``i``, in the parameters' dtype (an answer per hop's entry from the previous fact); one ``(c, N, N)``
+        comparison a field pair, built on first use and shared by every hop."""
+        if self._shared_fields is None:
+            fields, real = self.fields, self.real_fields
+            c, N, F = fields.shape
+            shared = torch.zeros(c, N, N, F, dtype=torch.bool, device=fields.device)
+            for b in range(F):
+                for a in range(F):
+                    shared[..., b] |= ((fields[:, :, None, a] == fields[:, None, :, b]) & real[:, :, None, a]
+                                       & real[:, None, :, b])
+            self._shared_fields = shared.to(self.rank.dtype)
+        return self._shared_fields
 
 
 class FieldPairs(torch.autograd.Function):

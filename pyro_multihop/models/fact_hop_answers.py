@@ -43,7 +43,6 @@ import torch
 from pyro.ops.indexing import Vindex
 
 from ..engine.log_space import HopChain
-from .fact_comparison import field_matches
 from .fact_features import FactFeatures
 
 __all__ = ["HopAnswers", "PART_SHAPES", "parts_table"]
@@ -123,12 +122,10 @@ class HopAnswers:
         F = self.num_fields
         tables = torch.nn.functional.pad(self.part_tables[hop], (0, 0, 0, 1))  # (1 + 2 F, F, S + 1, D), padding 0
         said = sum(tables[:, a][:, chunk.fields[..., a]] for a in range(F))  # (1 + 2 F, c, N, D), summed over a
-        tokens = chunk.real_tokens.to(said.dtype)
-        in_question = field_matches(tokens, chunk.question, chunk.fields, chunk.real_fields).clamp(max=1)  # (c, N, F)
-        logits = said[0] + torch.einsum("cjb,bcjd->cjd", in_question, said[1:1 + F])  # (c, N, D)
+        logits = said[0] + torch.einsum("cjb,bcjd->cjd", chunk.in_question(), said[1:1 + F])  # (c, N, D)
         if hop == 0:
             return logits
-        return logits.unsqueeze(1) + torch.einsum("cijb,bcjd->cijd", _shared_fields(chunk), said[1 + F:])
+        return logits.unsqueeze(1) + torch.einsum("cijb,bcjd->cijd", chunk.shared_fields(), said[1 + F:])
 
     def target_chain(self, obs) -> HopChain:
         """The log factors of each row's target, ``init (c, N)`` and ``trans (L - 1, c, N, N)``: ``log p(d_l =
@@ -179,15 +176,3 @@ class HopAnswers:
             target = torch.full_like(obs.target, symbol)
             out[:, symbol] = self.log_likelihood(obs.with_target(target), budget=budget).exp()
         return out
-
-
-def _shared_fields(chunk: FactFeatures) -> torch.Tensor:
-    """``(c, N, N, F)``: ``y[r, i, j, b] = [f_j^b equals a real field of fact i]`` (0 at padded fields)."""
-    fields, real = chunk.fields, chunk.real_fields
-    c, N, F = fields.shape
-    shared = torch.zeros(c, N, N, F, dtype=torch.bool, device=fields.device)
-    for b in range(F):
-        for a in range(F):
-            same = (fields[:, :, None, a] == fields[:, None, :, b]) & real[:, :, None, a] & real[:, None, :, b]
-            shared[..., b] |= same
-    return shared.to(chunk.age.dtype)

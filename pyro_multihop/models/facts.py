@@ -526,12 +526,13 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         # a draw of E fixed now (the model's) is the one the engine's later calls read
         chain, emission, target, mixture = map(self._at_this_embedding, (self.hop_chain, self.emission_log_probs,
                                                                          position_target, self.emission_mixture))
-        per_hop = {}  # an answer per hop: the target's factors along the chain, none at its end (fact_hop_answers)
-        if self.per_hop_answers:
-            per_hop = {"target_chain": self.target_chain, "position_mixture": None,
-                       "position_target": lambda chunk: self.age_slopes.new_zeros(len(chunk), chunk.context_len)}
-        return engine.HopFactors(None, chain, L, **{"position_emission": emission, "position_target": target,
-                                                    "position_mixture": mixture, **per_hop},
+        target_chain = None
+        if self.per_hop_answers:  # the target's factors along the chain, none at its end (fact_hop_answers)
+            def target(chunk):  # 0 at every position: the target's last factor is in the chain
+                return self.age_slopes.new_zeros(len(chunk), chunk.context_len)
+            target_chain, mixture = self.target_chain, None
+        return engine.HopFactors(None, chain, L, position_emission=emission, position_target=target,
+                                 position_mixture=mixture, target_chain=target_chain,
                                  extra_elements=extra_elements if self.embed_dim is None else embedded_elements,
                                  num_symbols=S, num_targets=self.num_targets,
                                  dtype=self.age_slopes.dtype, device=self.age_slopes.device)
