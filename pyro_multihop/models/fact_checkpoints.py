@@ -43,9 +43,9 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``), one written before the neighbours'
     weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``), one written before the
     recency among mentions gets ``mention_slopes`` at 0 (its shape from ``age_slopes`` ``(L,)``), and a table head's
-    written before the candidates' symbol weights gets ``fact_by_symbol`` at 0 (``(L, S)``, ``S`` from
-    ``content_tables``). A table head's written before the frame table gets ``frame_content`` at 0 and no frame
-    symbol (shapes from ``content_tables`` ``(L - 1, F, F, S, S)``)."""
+    written before the candidates' symbol weights ``fact_by_symbol`` at 0 (``(L, S)``, ``S`` from ``content_tables``). A table head's written
+    before the frame table gets ``frame_content`` at 0 and no frame symbol (shapes from ``content_tables``
+    ``(L - 1, F, F, S, S)``)."""
     content = state_dict.get("content_tables")
     if isinstance(content, torch.Tensor) and content.dim() == 5 and FRAME_CONTENT not in state_dict:
         L1, S = content.shape[0], content.shape[-1]

@@ -383,8 +383,8 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         mentions = self.mention_slopes[hop] * (weights.unsqueeze(-1) * chunk.mention_ages()).sum(1)  # (c, N)
         if self.embed_dim is not None:
             return mentions + embedded.question_term(weights, chunk.question, chunk.fields, chunk.real_fields,
-                                                     *self.symbol_vectors(chunk), self.question_equality[hop],
-                                                     self.question_bilinear[hop])
+                                          *self.symbol_vectors(chunk), self.question_equality[hop],
+                                          self.question_bilinear[hop])
         S = self.num_symbols
         eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
         tables = padded(self.question_tables[hop] + self.question_equality[hop, :, None, None] * eye, 2)  # (F, S+1, S+1)
