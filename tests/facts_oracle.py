@@ -49,9 +49,7 @@ def score(p, obs, row, hop, previous, j, D):
         if q in fj.values():  # recency among the facts that name q: how many later real facts name it too
             later = sum(q in real_field_symbols(obs, row, k).values() for k in real if rank[k] > rank[j])
             total = total + w * p["mention_slopes"][hop] * min(later, D)
-    if "fact_by_symbol" in p:  # the candidate's own frame symbols (a table head)
-        frame_symbols = p["frame_symbols"].tolist()
-        total = total + sum(p["fact_by_symbol"][hop, s] * float(frame_symbols[s]) for s in fj.values())
+    total = total + sum(p["fact_by_symbol"][hop, symbol] for symbol in fj.values())  # the candidate's own symbols
     # the question pattern: every ordered pair of (token, field) matches, positions past P in the P-th's bin
     pairs = [(min(m, last), b) for m in tokens for b, symbol in fj.items() if int(obs.question[row, m]) == symbol]
     for m, b in pairs:

@@ -42,8 +42,8 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     One written before the hops' question pattern gets ``question_pattern`` at 0 (its shape from the state dict's
     ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``), one written before the neighbours'
     weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``), one written before the
-    recency among mentions gets ``mention_slopes`` at 0 (its shape from ``age_slopes`` ``(L,)``), and a table head's
-    written before the candidates' symbol weights ``fact_by_symbol`` at 0 (``(L, S)``, ``S`` from ``content_tables``). A table head's written
+    recency among mentions gets ``mention_slopes`` at 0 (its shape from ``age_slopes`` ``(L,)``), and one written
+    before the candidates' symbol weights ``fact_by_symbol`` at 0 (``(L, S)``, ``S`` from ``copy_by_symbol``). A table head's written
     before the frame table gets ``frame_content`` at 0 and no frame symbol (shapes from ``content_tables``
     ``(L - 1, F, F, S, S)``)."""
     content = state_dict.get("content_tables")
@@ -57,9 +57,9 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     age = state_dict.get("age_slopes")
     if isinstance(age, torch.Tensor) and age.dim() == 1 and MENTION_SLOPES not in state_dict:
         state_dict = {**state_dict, MENTION_SLOPES: torch.zeros_like(age)}
-    content = state_dict.get("content_tables")  # a table head's
-    if isinstance(age, torch.Tensor) and isinstance(content, torch.Tensor) and FACT_BY_SYMBOL not in state_dict:
-        state_dict = {**state_dict, FACT_BY_SYMBOL: age.new_zeros(age.shape[0], content.shape[-1])}
+    by_symbol = state_dict.get("copy_by_symbol")
+    if isinstance(age, torch.Tensor) and isinstance(by_symbol, torch.Tensor) and FACT_BY_SYMBOL not in state_dict:
+        state_dict = {**state_dict, FACT_BY_SYMBOL: age.new_zeros(age.shape[0], by_symbol.shape[0])}
     position, equality = state_dict.get("question_position"), state_dict.get("question_equality")
     if isinstance(position, torch.Tensor) and isinstance(equality, torch.Tensor) and position.dim() == 2 and \
             equality.dim() == 2 and QUESTION_PATTERN not in state_dict:

@@ -25,8 +25,8 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
               + sum_{a, b} (field_equality[l, a, b] [f_i^a == f_j^b] + content_tables[l, a, b][f_i^a, f_j^b]
                             + [f_i^a != f_j^b both frame symbols] frame_content[l][f_i^a, f_j^b])
               + (age_slopes[l] + sum_a age_by_symbol[l, a, f_i^a]) min(age_j, D) / U
-              + mention_slopes[l] sum_m w_l[m] mention_age_j(q_m)      # recency among the facts naming q_m
-              + sum_a [f_j^a a frame symbol] fact_by_symbol[l, f_j^a]   # a table head's
+              + mention_slopes[l] sum_m w_l[m] mention_age_j(q_m)     # recency among the facts naming q_m
+              + sum_a fact_by_symbol[l, f_j^a]
               + (offset_slopes[l] + sum_a offset_by_symbol[l, a, f_i^a]) min(|rank_j - rank_i|, D) / U
               + (direction_logits[l] + sum_a direction_by_symbol[l, a, f_i^a]) [rank_j > rank_i]
               + adjacent_logits[l, 0] [rank_j = rank_i - 1] + adjacent_logits[l, 1] [rank_j = rank_i + 1]
@@ -34,14 +34,17 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
 
 A hop never attends the fact the hop before it attended (``revisit=False``, the default; the row's only real
 fact excepted), so that no hop can idle by repeating its predecessor; ``revisit=True`` lets it (the chained head's
-rule). Hop 1 has the question, candidate and age terms only; the previous-fact terms belong to hops 2..L, so their
-parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for short). Question
-positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit (and its
-``question_pattern`` entries). The pattern reads *where* the question's tokens stand in a candidate, two at a
-time ("what is D of X" and "what is X D of": an exclusive or of two matches; :meth:`FactAttention.pattern_term`).
-``frame_content`` is one table for every field pair over the *frame symbols* (``frame_symbols``: those that no
-training question and no training answer names, e.g. a story's time words), and a table head's ``fact_by_symbol``
-weighs them alone: the entities that questions ask about stay out, so neither can memorise them.
+rule). Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L,
+so their parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for short).
+Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit (and
+its ``question_pattern`` entries). The question pattern reads *where* the question's tokens stand in a candidate,
+two at a time: "what is D of X" and "what is X D of" ask for facts that match the direction word and the place
+in opposite arrangements, an exclusive or of two matches that no sum of single matches expresses
+(:meth:`FactAttention.pattern_term`). ``frame_content`` is one table for every field pair, over the *frame
+symbols* (``frame_symbols``: those that no training question and no training answer names, e.g. the time words
+of a story): what a pair of them says wherever the sentences put them ("this afternoon X ..." and "X ... this
+morning"); the entities that questions ask about and answers give stay out of it, so it cannot memorise them
+(:meth:`FactAttention.pair_term`).
 ``age_j`` counts the real facts after ``j``, ``rank_j`` those before it, ``mention_age_j(q)`` the real facts after
 ``j`` that name ``q`` where ``j`` names it (0 otherwise: "is X in Y?" asks about X's latest fact, not an older one
 that names Y too); ``adjacent_logits``: the fact right before or right after the previous one, which the linear
@@ -325,11 +328,12 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
         ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
         terms at 0: :meth:`start_variant`), and in a table head 3e-3 on ``copy_by_symbol`` (3e-2 in an embedded
-        head), on ``frame_content`` (:data:`FRAME_DECAY`), on ``fact_by_symbol`` and on the order terms by the previous
-        fact's symbols (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md,
-        the copy's question terms, the frame table and the order terms' decay). Adam steps every table entry as far
-        as a shared weight, so without the prior the tables memorise the training symbols as fast as the equality
-        weights learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves
+        head), on ``frame_content`` (:data:`FRAME_DECAY`) and on the order terms by the previous fact's symbols
+        (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md, the copy's
+        question terms, the frame table and the order terms' decay).
+        Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
+        training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
+        proportion to how rarely it is used, and leaves
         the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
         the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
@@ -337,10 +341,11 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``). An embedded
         head decays its ``symbol_embedding`` and the question and content forms in place of the tables, at 2e-3
         (measured on entities training never showed: docs/facts.md, "Symbol embeddings"). A symbol that training
-        never showed has a gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores."""
+        never showed has a gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores.
+        ``fact_by_symbol`` is decayed as the order terms by symbol are."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol",
-                  "compare_flip")
+                  "compare_flip", "fact_by_symbol")
         decay = {name: 3e-2 for name in tables}
         if self.embed_dim is not None:  # the embedding rows are the per-symbol entries, the forms what memorises
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
@@ -393,13 +398,9 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
 
     def candidate_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N)``: the terms of candidate ``j`` alone: the question's, the pattern's and ``sum_a fact_by_symbol[hop,
-        f_j^a]`` over its real fields (the kind of fact a hop looks for, e.g. a move rather than a pick-up), a table
-        head's alone, over its frame symbols only: an entity's weight would learn which entities training asked about."""
-        about = self.question_term(hop, chunk) + self.pattern_term(hop, chunk)
-        if self.embed_dim is not None:
-            return about
-        weights = self.fact_by_symbol[hop] * self.frame_symbols.to(self.fact_by_symbol.dtype)
-        return about + padded(weights, 1)[chunk.fields].sum(-1)  # padding's entry 0
+        f_j^a]`` over its real fields (the kind of fact a hop looks for, e.g. a move rather than a pick-up)."""
+        own = padded(self.fact_by_symbol[hop], 1)[chunk.fields].sum(-1)  # padding's entry 0
+        return self.question_term(hop, chunk) + self.pattern_term(hop, chunk) + own
 
     def pattern_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``u_j^T question_pattern[hop] u_j``, with ``u_j`` ``(P F,)`` the counts of question tokens at

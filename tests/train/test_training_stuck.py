@@ -170,15 +170,13 @@ def test_a_large_lr_no_longer_collapses():
 
     today, metrics, issued = fit_chain_head(divergence_warmup=0)
     events = metrics.attrs["divergences"]
-    # measured: 4 divergences, the last lr 0.016 (0.008 before the hops' mention recency)
-    assert len(events) >= 4 and events[0]["step"] < 10 and events[-1]["lr"] < 0.02
+    assert len(events) >= 4 and events[0]["step"] < 10 and events[-1]["lr"] < 0.01
     assert today.evaluate(held_out)["accuracy"] < 0.5
     assert TrainingStuckWarning in issued and metrics.attrs["diagnostics"][0]["kind"] == "training_stuck"
 
     head, metrics, issued = fit_chain_head()  # the default warm-up
     assert metrics.attrs["divergences"] == [] and TrainingStuckWarning not in issued
     assert head.evaluate(train)["accuracy"] >= 0.99 * truth  # measured 0.995
-    # measured 0.765 (0.795 before the hops' mention recency; 0.87 with the neighbours' weights held at 0,
-    # docs/facts.md; 0.915 before the order terms by symbol decayed at 3e-3; 0.985 when the equality weights
-    # started at 0): learnt, not collapsed (< 0.5 above)
+    # measured 0.795 (0.87 with the neighbours' weights held at 0, docs/facts.md; 0.915 before the order terms by
+    # symbol decayed at 3e-3; 0.985 when the equality weights started at 0): learnt, not collapsed (< 0.5 above)
     assert head.evaluate(held_out)["accuracy"] >= 0.75
