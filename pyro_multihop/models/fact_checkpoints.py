@@ -20,8 +20,7 @@ from typing import Optional
 import torch
 
 from .fact_comparison import COMPARISON_SHAPES, FLIP_START
-from .fact_parameters import (ADJACENT_LOGITS, COPY_QUESTION_TERMS, FRAME_CONTENT, FRAME_SYMBOLS, MENTION_SLOPES,
-                              FACT_BY_SYMBOL, QUESTION_PATTERN)
+from .fact_parameters import ADJACENT_LOGITS, COPY_QUESTION_TERMS, FRAME_CONTENT, FRAME_SYMBOLS, QUESTION_PATTERN
 from .fact_variational import EMBEDDED_SYMBOLS
 
 __all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
@@ -41,9 +40,7 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with.
     One written before the hops' question pattern gets ``question_pattern`` at 0 (its shape from the state dict's
     ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``), one written before the neighbours'
-    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``), one written before the
-    recency among mentions gets ``mention_slopes`` at 0 (its shape from ``age_slopes`` ``(L,)``), and one written
-    before the candidates' symbol weights ``fact_by_symbol`` at 0 (``(L, S)``, ``S`` from ``copy_by_symbol``). A table head's written
+    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``). A table head's written
     before the frame table gets ``frame_content`` at 0 and no frame symbol (shapes from ``content_tables``
     ``(L - 1, F, F, S, S)``)."""
     content = state_dict.get("content_tables")
@@ -54,12 +51,6 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     offset = state_dict.get("offset_slopes")
     if isinstance(offset, torch.Tensor) and offset.dim() == 1 and ADJACENT_LOGITS not in state_dict:
         state_dict = {**state_dict, ADJACENT_LOGITS: offset.new_zeros(offset.shape[0], 2)}
-    age = state_dict.get("age_slopes")
-    if isinstance(age, torch.Tensor) and age.dim() == 1 and MENTION_SLOPES not in state_dict:
-        state_dict = {**state_dict, MENTION_SLOPES: torch.zeros_like(age)}
-    by_symbol = state_dict.get("copy_by_symbol")
-    if isinstance(age, torch.Tensor) and isinstance(by_symbol, torch.Tensor) and FACT_BY_SYMBOL not in state_dict:
-        state_dict = {**state_dict, FACT_BY_SYMBOL: age.new_zeros(age.shape[0], by_symbol.shape[0])}
     position, equality = state_dict.get("question_position"), state_dict.get("question_equality")
     if isinstance(position, torch.Tensor) and isinstance(equality, torch.Tensor) and position.dim() == 2 and \
             equality.dim() == 2 and QUESTION_PATTERN not in state_dict:

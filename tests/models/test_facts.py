@@ -400,12 +400,10 @@ def test_the_question_pattern_learns_which_side_the_relation_is_asked_from(patte
         assert found <= 0.9 and answered <= 0.9, (found, answered)
 
 
-@pytest.mark.parametrize("name", ["question_pattern", "adjacent_logits", "mention_slopes",
-                                  "fact_by_symbol"])
+@pytest.mark.parametrize("name", ["question_pattern", "adjacent_logits"])
 @pytest.mark.parametrize("embed_dim", [None, 4], ids=["tables", "embedded"])
 def test_a_checkpoint_without_a_later_term_loads_as_the_head_it_was(tmp_path, embed_dim, name):
-    """A checkpoint written before ``question_pattern`` (or ``adjacent_logits``, ``mention_slopes``,
-    ``fact_by_symbol``) loads with it at 0 and gives the
+    """A checkpoint written before ``question_pattern`` (or ``adjacent_logits``) loads with it at 0 and gives the
     likelihood of the same head with it zeroed; a checkpoint that has it keeps it."""
     from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
 
