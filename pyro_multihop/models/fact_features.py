@@ -8,6 +8,7 @@ import torch
 
 from ..data import FactObservations
 from .chained import DISTANCE_UNIT
+from .fact_comparison import field_matches
 
 __all__ = ["FactFeatures", "FieldPairs", "nearest_sharing", "padded"]
 
@@ -110,13 +111,11 @@ class FactFeatures:
 
     def in_question(self) -> torch.Tensor:
         """``(c, N, F)``: ``[r, j, b]`` = whether the real field ``b`` of fact ``j`` equals a real question token, in
-        the parameters' dtype (the copy's question equality, an answer per hop's entry); one ``(c, N, F)`` comparison
-        a token, built on first use."""
+        the parameters' dtype (the copy's question equality, an answer per hop's entry): the comparison's
+        :func:`~.fact_comparison.field_matches` with every real token weighing 1, clipped at 1; built on first use."""
         if self._in_question is None:
-            found = torch.zeros_like(self.real_fields)
-            for m in range(self.question.shape[1]):
-                found |= (self.fields == self.question[:, m, None, None]) & self.real_tokens[:, m, None, None]
-            self._in_question = (found & self.real_fields).to(self.rank.dtype)
+            tokens = self.real_tokens.to(self.rank.dtype)
+            self._in_question = field_matches(tokens, self.question, self.fields, self.real_fields).clamp(max=1)
         return self._in_question
 
     def shared_fields(self) -> torch.Tensor:
