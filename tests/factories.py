@@ -171,8 +171,9 @@ def random_fact_observations(n, N, F, M, S, seed=0, padded=True):
 
 
 def random_fact_head(L, F, S, P, seed=0, scale=1.0, max_distance=3):
-    """A float64 ``FactAttention`` with every parameter seeded standard normal times ``scale``, and every other
-    symbol a frame symbol (so that ``frame_content`` enters the scores beside the tables)."""
+    """A float64 ``FactAttention`` with every parameter seeded standard normal times ``scale`` (``mention_slopes``
+    negated where positive: the score holds them at or below 0, so a positive one would test nothing), and every
+    other symbol a frame symbol (so that ``frame_content`` enters the scores beside the tables)."""
     from pyro_multihop import FactAttention
     from pyro_multihop.models.facts import PARAMETER_SHAPES
 
@@ -183,6 +184,7 @@ def random_fact_head(L, F, S, P, seed=0, scale=1.0, max_distance=3):
         for name in PARAMETER_SHAPES:
             parameter = getattr(head, name)
             parameter.copy_(scale * torch.randn(parameter.shape, generator=g, dtype=torch.float64))
+        head.mention_slopes.copy_(-head.mention_slopes.abs())
     return head
 
 

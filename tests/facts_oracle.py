@@ -41,16 +41,21 @@ def score(p, obs, row, hop, previous, j, D):
     weights = torch.softmax(choice, 0)
     fj = real_field_symbols(obs, row, j)
     total = 0.0
+    rank = {i: r for r, i in enumerate(real)}
     for w, m in zip(weights, tokens):
         q = int(obs.question[row, m])
         for b, symbol in fj.items():
             total = total + w * (p["question_equality"][hop, b] * float(q == symbol) + p["question_tables"][hop, b, q, symbol])
+        if q in fj.values():  # recency among the facts that name q: how many later real facts name it too
+            later = sum(q in real_field_symbols(obs, row, k).values() for k in real if rank[k] > rank[j])
+            total = total + w * p["mention_slopes"][hop].clamp(max=0) * min(later, D)  # held at or below 0
+    if "last_fact_kind" in p and hop == p["age_slopes"].shape[0] - 1:  # the last hop's candidate's frame symbols
+        total = total + sum(p["last_fact_kind"][s] for s in fj.values() if bool(p["frame_symbols"][s]))
     # the question pattern: every ordered pair of (token, field) matches, positions past P in the P-th's bin
     pairs = [(min(m, last), b) for m in tokens for b, symbol in fj.items() if int(obs.question[row, m]) == symbol]
     for m, b in pairs:
         for m2, b2 in pairs:
             total = total + p["question_pattern"][hop, m, b, m2, b2]
-    rank = {i: r for r, i in enumerate(real)}
     age = min(len(real) - 1 - rank[j], D) / UNIT
     if previous is None:
         return total + p["age_slopes"][0] * age

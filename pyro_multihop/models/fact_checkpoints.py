@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 
 from .fact_comparison import COMPARISON_SHAPES, FLIP_START
-from .fact_parameters import ADJACENT_LOGITS, COPY_QUESTION_TERMS, FRAME_CONTENT, FRAME_SYMBOLS, QUESTION_PATTERN
+from .fact_parameters import (ADJACENT_LOGITS, COPY_QUESTION_TERMS, FRAME_CONTENT, FRAME_SYMBOLS, LAST_FACT_KIND,
+                              MENTION_SLOPES, QUESTION_PATTERN)
 from .fact_variational import EMBEDDED_SYMBOLS
 
 __all__ = ["config_from_checkpoint", "state_from_checkpoint", "checkpoint_mismatch"]
@@ -40,9 +41,11 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     gets ``compare_flip_logits`` at 0 (and ``compare_flip`` at its start), the comparison it was trained with.
     One written before the hops' question pattern gets ``question_pattern`` at 0 (its shape from the state dict's
     ``question_position`` ``(L, P)`` and ``question_equality`` ``(L, F)``), one written before the neighbours'
-    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``). A table head's written
-    before the frame table gets ``frame_content`` at 0 and no frame symbol (shapes from ``content_tables``
-    ``(L - 1, F, F, S, S)``)."""
+    weights gets ``adjacent_logits`` at 0 (its shape from ``offset_slopes`` ``(L - 1,)``), and one written before
+    the recency among mentions gets ``mention_slopes`` at 0 (its shape from ``age_slopes`` ``(L,)``). A table
+    head's written before the frame table gets ``frame_content`` at 0 and no frame symbol (shapes from
+    ``content_tables`` ``(L - 1, F, F, S, S)``), and one written before the last hop's fact kind
+    ``last_fact_kind`` at 0 (``(S,)``)."""
     content = state_dict.get("content_tables")
     if isinstance(content, torch.Tensor) and content.dim() == 5 and FRAME_CONTENT not in state_dict:
         L1, S = content.shape[0], content.shape[-1]
@@ -51,6 +54,11 @@ def state_from_checkpoint(state_dict: dict) -> dict:
     offset = state_dict.get("offset_slopes")
     if isinstance(offset, torch.Tensor) and offset.dim() == 1 and ADJACENT_LOGITS not in state_dict:
         state_dict = {**state_dict, ADJACENT_LOGITS: offset.new_zeros(offset.shape[0], 2)}
+    age = state_dict.get("age_slopes")
+    if isinstance(age, torch.Tensor) and age.dim() == 1 and MENTION_SLOPES not in state_dict:
+        state_dict = {**state_dict, MENTION_SLOPES: torch.zeros_like(age)}
+    if isinstance(content, torch.Tensor) and content.dim() == 5 and LAST_FACT_KIND not in state_dict:  # S even at L = 1
+        state_dict = {**state_dict, LAST_FACT_KIND: content.new_zeros(content.shape[-1])}
     position, equality = state_dict.get("question_position"), state_dict.get("question_equality")
     if isinstance(position, torch.Tensor) and isinstance(equality, torch.Tensor) and position.dim() == 2 and \
             equality.dim() == 2 and QUESTION_PATTERN not in state_dict:

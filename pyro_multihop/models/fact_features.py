@@ -44,6 +44,7 @@ class FactFeatures:
         self._question_matches = None
         self._in_question = None
         self._shared_fields = None
+        self._mention_ages = None
         self.vectors = None  # the embedded head's (question, facts) embedding rows, gathered on first use
 
     def order_features(self):
@@ -117,6 +118,19 @@ class FactFeatures:
             tokens = self.real_tokens.to(self.rank.dtype)
             self._in_question = field_matches(tokens, self.question, self.fields, self.real_fields).clamp(max=1)
         return self._in_question
+
+    def mention_ages(self) -> torch.Tensor:
+        """``(c, M, N)``: ``[r, m, j]`` = ``min(n, D)`` where the real fact ``j`` names the real token ``q_m`` in a real
+        field and ``n`` real facts after it name it too; 0 where ``j`` does not name it (the recency of ``j`` among
+        the facts that name a token: 0 at the latest of them), in the parameters' dtype; built on first use."""
+        if self._mention_ages is None:
+            names = torch.stack([((self.fields == self.question[:, m, None, None]) & self.real_fields).any(-1)
+                                 for m in range(self.question.shape[1])], 1)  # (c, M, N)
+            names = names & self.real_tokens.unsqueeze(-1)
+            counts = names.to(self.rank.dtype)
+            later = counts.flip(-1).cumsum(-1).flip(-1) - counts  # naming facts after j
+            self._mention_ages = later.clamp(max=self.max_distance) * counts
+        return self._mention_ages
 
     def shared_fields(self) -> torch.Tensor:
         """``(c, N, N, F)``: ``[r, i, j, b]`` = whether the real field ``b`` of fact ``j`` equals a real field of fact

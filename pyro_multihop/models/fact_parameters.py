@@ -14,10 +14,10 @@ from . import fact_comparison as comparison
 from . import symbol_embedding as embedded
 
 __all__ = ["EQUALITY_WEIGHTS", "EQUALITY_START", "ORDER_BY_SYMBOL", "PARAMETER_SHAPES", "COPY_QUESTION_TERMS",
-           "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS", "FRAME_CONTENT", "FRAME_SYMBOLS", "FRAME_DECAY",
-           "COPY_DECAY", "HELD_COPY_DECAY", "TABLE_STEPS", "EMBEDDED_STEPS", "frame_symbols_of", "frame_symbols_mask",
-           "frame_pairs", "parameter_shapes", "parameter_elements", "shape_of", "answer_symbols_tensor", "mix_logits",
-           "initial_value"]
+           "QUESTION_PATTERN", "WORD_ORDER_TERMS", "ADJACENT_LOGITS", "MENTION_SLOPES", "LAST_FACT_KIND", "FRAME_CONTENT",
+           "FRAME_SYMBOLS", "FRAME_DECAY", "COPY_DECAY", "HELD_COPY_DECAY", "TABLE_STEPS", "EMBEDDED_STEPS",
+           "frame_symbols_of", "frame_symbols_mask", "frame_pairs", "parameter_shapes", "parameter_elements",
+           "shape_of", "answer_symbols_tensor", "mix_logits", "initial_value"]
 
 #: The weights of the equality terms (a question token or a previous fact's field equal to a candidate's field).
 EQUALITY_WEIGHTS = ("question_equality", "field_equality")
@@ -47,6 +47,8 @@ PARAMETER_SHAPES = {
     "content_tables": "(L - 1, F, F, S, S)",
     "frame_content": "(L - 1, S, S)",
     "age_slopes": "(L,)",
+    "mention_slopes": "(L,)",
+    "last_fact_kind": "(S,)",
     "age_by_symbol": "(L - 1, F, S)",
     "offset_slopes": "(L - 1,)",
     "offset_by_symbol": "(L - 1, F, S)",
@@ -74,6 +76,14 @@ QUESTION_PATTERN = "question_pattern"
 #: The weights of the facts right before and right after the previous hop's (``(L - 1, 2)``), added after
 #: checkpoints were first written: a checkpoint without them loads with them at 0, the head it was trained as.
 ADJACENT_LOGITS = "adjacent_logits"
+
+#: The slope of a hop's recency among the facts that name its chosen question token (``(L,)``), added after
+#: checkpoints were first written: a checkpoint without it loads with it at 0, the head it was trained as.
+MENTION_SLOPES = "mention_slopes"
+
+#: The last hop's weights on its candidate's frame symbols (``(S,)``: the kind of fact the answer is read from),
+#: added after checkpoints were first written: a checkpoint without it loads with it at 0, the head it was trained as.
+LAST_FACT_KIND = "last_fact_kind"
 
 #: The weight decay of ``copy_by_question`` (:meth:`~.facts.FactAttention.svi_defaults`): 3e-3 lets the copy
 #: learn which field a question asks for (bAbI task 5: 91.8 at 1e-2, 96.0), and 1e-2 in the starts that hold

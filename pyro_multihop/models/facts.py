@@ -25,31 +25,35 @@ learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i
               + sum_{a, b} (field_equality[l, a, b] [f_i^a == f_j^b] + content_tables[l, a, b][f_i^a, f_j^b]
                             + [f_i^a != f_j^b both frame symbols] frame_content[l][f_i^a, f_j^b])
               + (age_slopes[l] + sum_a age_by_symbol[l, a, f_i^a]) min(age_j, D) / U
+              + min(mention_slopes[l], 0) sum_m w_l[m] mention_age_j(q_m)   # recency among the facts naming q_m
+              + [l = L] sum_a [f_j^a a frame symbol] last_fact_kind[f_j^a]  # a table head's last hop's
               + (offset_slopes[l] + sum_a offset_by_symbol[l, a, f_i^a]) min(|rank_j - rank_i|, D) / U
               + (direction_logits[l] + sum_a direction_by_symbol[l, a, f_i^a]) [rank_j > rank_i]
               + adjacent_logits[l, 0] [rank_j = rank_i - 1] + adjacent_logits[l, 1] [rank_j = rank_i + 1]
               + sum_{d, a} (nearest_weights[l, d, a] + sum_c nearest_by_symbol[l, d, c, f_i^c]) [j = near_d^a(i)]
 
-A hop never attends the fact the hop before it attended (``revisit=False``, the default; the row's only real
-fact excepted), so that no hop can idle by repeating its predecessor; ``revisit=True`` lets it (the chained head's
-rule). Hop 1 has only the question and age terms (``age_slopes[0]``); the previous-fact terms belong to hops 2..L,
-so their parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for short).
-Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit (and
-its ``question_pattern`` entries). The question pattern reads *where* the question's tokens stand in a candidate,
-two at a time: "what is D of X" and "what is X D of" ask for facts that match the direction word and the place
-in opposite arrangements, an exclusive or of two matches that no sum of single matches expresses
-(:meth:`FactAttention.pattern_term`). ``frame_content`` is one table for every field pair, over the *frame
-symbols* (``frame_symbols``: those that no training question and no training answer names, e.g. the time words
-of a story): what a pair of them says wherever the sentences put them ("this afternoon X ..." and "X ... this
-morning"); the entities that questions ask about and answers give stay out of it, so it cannot memorise them
-(:meth:`FactAttention.pair_term`).
-``age_j`` counts the real facts after ``j``, ``rank_j`` those before it (``adjacent_logits``: the fact right before
-or right after the previous one, which the linear offset term cannot single out: "then they went ..." follows the
-fact that names them); ``near_before^a(i)``
+A hop never attends the fact the hop before it attended (``revisit=False``, the default; the row's only real fact
+excepted), so that no hop can idle by repeating its predecessor; ``revisit=True`` lets it (the chained head's rule).
+Hop 1 has only the question, mention and age terms (and the fact kind where ``L = 1``); the previous-fact terms belong
+to hops 2..L, so their parameters have ``L - 1`` rows (hop ``l``'s is row ``l - 2``; the formula writes ``l`` for
+short). Question positions ``m`` count from 1; those past ``P`` (``max_question_len``) share the ``P``-th's logit (and
+its ``question_pattern`` entries). The question pattern reads *where* the question's tokens stand in a candidate, two
+at a time: "what is D of X" and "what is X D of" ask for facts that match the direction word and the place in opposite
+arrangements, an exclusive or that no sum of single matches expresses (:meth:`FactAttention.pattern_term`).
+``frame_content`` is one table for every field pair, over the *frame symbols* (``frame_symbols``: those that no
+training question and no training answer names, e.g. the time words of a story): what a pair of them says wherever the
+sentences put them ("this afternoon X ..." and "X ... this morning"); the entities that questions ask about and
+answers give stay out of it, so it cannot memorise them (:meth:`FactAttention.pair_term`); ``last_fact_kind`` weighs
+them alone in the last hop's candidate: the kind of fact an answer is read from (a move, not a pick-up). ``age_j``
+counts the real facts after ``j``, ``rank_j`` those before it; ``mention_age_j(q)`` the real facts after ``j`` that
+name ``q`` where ``j`` names it, 0 otherwise ("is X in Y?" asks about X's latest fact, not an older one that names Y
+too; the slope is held at or below 0: preferring a token's *older* mentions is what an idle hop learns,
+docs/facts.md); ``adjacent_logits``: the fact right before or right after the previous one, which the linear offset
+term cannot single out ("then they went ..." follows the fact that names them); ``near_before^a(i)``
 (``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
-Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission
-mixes, over the real fields ``a`` of the last fact, a learned table and a copy, and a comparison of question
-tokens with the fact's fields (:mod:`.fact_comparison`)::
+Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission mixes, over the
+real fields ``a`` of the last fact, a learned table and a copy, and a comparison of question tokens with the fact's
+fields (:mod:`.fact_comparison`)::
 
     p(t | fact i) ∝ sum_a [real field a of i] (mix[0, a] softmax(emission_tables[a][f_i^a])[t]
                                               + mix[1, a] exp(copy_logit(i, a)) [t == f_i^a])
@@ -58,24 +62,21 @@ tokens with the fact's fields (:mod:`.fact_comparison`)::
                                   + sum_a compare_flip[f_i^a] compare_flip_logits[b, t])),
     match_b(i) = sum_m w_E[m] [q_m == f_i^b],   w_E = softmax_m(compare_choice[q_m] + compare_position[min(m, P)])
 
-with ``mix = softmax(emission_mix)`` over the ``2 F + 1`` components: how much a field's copy weighs depends on
-the symbol it would copy (a place, not a time word) and on the question (whether the question names that symbol,
-which field its words ask for: ``copy_logit`` in :mod:`.fact_copy`), how much the comparison weighs on the fact's
-symbols.
-The comparison answers from whether the question's chosen token equals a field (yes / no / maybe, in
-whatever symbols), so it needs no word list and carries over to symbols never seen. Every term depends on the previous hop
-only through its fact ``i``, so the hop latents form a Markov chain over facts: the likelihood, marginals,
-MAP and k-best paths, samples and entropy are exact (the engine's dense route, ``O(L N^2)`` per row).
-``ChainedAttention`` is the special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0, 0]``
-= its first score table, ``content_tables[l, 1, 0]`` = the later ones, the emission the value field's table.
+with ``mix = softmax(emission_mix)`` over the ``2 F + 1`` components: how much a field's copy weighs depends on the
+symbol it would copy (a place, not a time word) and on the question (whether the question names that symbol, which
+field its words ask for: ``copy_logit`` in :mod:`.fact_copy`), how much the comparison weighs on the fact's symbols.
+The comparison answers from whether the question's chosen token equals a field (yes / no / maybe, in whatever
+symbols), so it needs no word list and carries over to symbols never seen. Every term depends on the previous hop only
+through its fact ``i``, so the hop latents form a Markov chain over facts: the likelihood, marginals, MAP and k-best
+paths, samples and entropy are exact (the engine's dense route, ``O(L N^2)`` per row). ``ChainedAttention`` is the
+special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0, 0]`` = its first score table,
+``content_tables[l, 1, 0]`` = the later ones, the emission the value field's table.
 
-Memory: the dense factors of a chunk are summed one field pair at a time, so a chunk of ``c`` rows holds
-``O(c N^2)`` numbers (never a floating-point ``(c, N, N, F, F)`` tensor), beside the ``F^2`` flat pair indices
-``(F, F, c, N, N)`` (int32), which it builds once and shares between its hops and the backward; the
-emission holds ``(c, N, S)``. The engine sizes chunks under its memory budget with all of these counted.
-
-Symbol embeddings (``embed_dim=D``): the three ``S x S`` tables become bilinear forms of one shared embedding
-(:mod:`.symbol_embedding`, ``O(S D + L F^2 D^2)`` parameters, no ``S x S`` tensor); every other term is as above.
+Memory: a chunk of ``c`` rows holds ``O(c N^2)`` numbers (field pair by field pair: never a ``(c, N, N, F, F)`` float
+tensor) beside its ``(F, F, c, N, N)`` int32 pair indices, shared by its hops and the backward; the emission holds
+``(c, N, S)``. The engine sizes chunks under its memory budget counting all of these. Symbol embeddings
+(``embed_dim=D``): the three ``S x S`` tables become bilinear forms of one shared embedding (:mod:`.symbol_embedding`,
+``O(S D + L F^2 D^2)`` parameters, no ``S x S`` tensor); every other term is as above.
 """
 
 from __future__ import annotations
@@ -131,51 +132,48 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
     :param int n_hops: ``L``.
     :param int num_fields: ``F``, fields per fact.
     :param int num_symbols: ``S``, the one vocabulary of facts, questions and answers (so ``num_targets = S``).
-    :param int max_question_len: ``P``, the question positions with a ``question_position`` logit of their own
-        (the longest training question); a longer question is read, its tokens past the ``P``-th sharing the
-        ``P``-th's logit (their own content still enters through ``question_choice`` and the tables).
+    :param int max_question_len: ``P``, the question positions with a ``question_position`` logit of their own (the
+        longest training question); a longer question is read, its tokens past the ``P``-th sharing the ``P``-th's logit
+        (their own content still enters through ``question_choice`` and the tables).
     :param int max_distance: ``D``, where age and offset are clipped.
     :param dtype: dtype of the parameters (default: torch's default).
     :param dict init: optional initial values ``{name: tensor}`` (shapes as in :func:`parameter_shapes`);
-        ``emission_mix`` may be given as probabilities under the name ``"emission_mix_probs"`` (zeros allowed:
-        a component switched off exactly; ``2 F`` of them: the tables and copies, the comparison switched off).
-    :param int embed_dim: None (default): the ``S x S`` tables. ``D``: symbol embeddings of ``D`` dimensions in
-        their place (:mod:`.symbol_embedding`: ``O(S D)`` parameters and memory, for large vocabularies);
-        ``symbol_embedding`` and ``output_embedding`` start random (seeded by ``seed``), everything else at 0.
+        ``emission_mix`` may be given as probabilities under the name ``"emission_mix_probs"`` (zeros allowed: a
+        component switched off exactly; ``2 F`` of them: the tables and copies, the comparison switched off).
+    :param int embed_dim: None (default): the ``S x S`` tables. ``D``: symbol embeddings of ``D`` dimensions in their
+        place (:mod:`.symbol_embedding`: ``O(S D)`` parameters and memory, for large vocabularies); ``symbol_embedding``
+        and ``output_embedding`` start random (seeded by ``seed``), everything else at 0.
     :param int seed: seed of the random start of the embeddings (``embed_dim`` only; None: 0).
     :param str embedding_posterior: ``"point"`` (default): ``E`` a parameter; ``"mean_field"`` (needs ``embed_dim``):
         ``E`` a latent ``e_s ~ Normal(0, I)`` with a mean-field posterior and an annealed KL, the tied head's
-        (:mod:`.fact_variational`; ``init`` may hold its means as ``symbol_embedding`` and its standard deviations
-        as ``symbol_embedding_scale``).
+        (:mod:`.fact_variational`; ``init`` may hold its means as ``symbol_embedding`` and its standard deviations as
+        ``symbol_embedding_scale``).
     :param annealing: the KL weight's schedule under ``"mean_field"`` (default ``LinearAnnealing()``).
-    :param bool comparison: whether the emission's comparison component is on (:mod:`.fact_comparison`: yes /
-        no / maybe answers from matches of question tokens with the fact's fields). Off (the default), its
-        mixture logit starts at ``MASKED_LOGIT``, where its weight and its gradient are exactly 0, so the head
-        is the tables-and-copies head of earlier releases; an ``init`` of ``emission_mix`` overrides it.
-    :param bool revisit: whether hop ``l`` may attend the fact hop ``l - 1`` attended (default False: it may not,
-        unless the row has one real fact; checkpoints written before this option load with True, as they were
-        trained).
-    :param answer_symbols: None (default): the learnt parts of the emission (its tables and its comparison) put
-        mass on every one of the ``S`` symbols. A sequence of ``A`` distinct symbols: on those alone (e.g. the
-        training answers), so that their parameters are ``(.., A)`` and their normalisers cost ``O(A)``, not
-        ``O(S)``; a target outside them is emitted by a copy or not at all. A learnt table can give only
-        answers that training showed, so nothing else is lost (``pyro-multihop qa --embed-dim`` passes the
-        training answers).
-    :param embedded_symbols: ``embed_dim`` only. None (default): every symbol owns a row of ``E``. A bool
-        sequence ``(S,)``: the symbols that do; the others' rows are 0 (:mod:`.fact_variational`), so that they
-        enter the scores only through the equality terms, the copy and their ``O(S)`` vectors
-        (``pyro-multihop qa --embed-dim`` passes the symbols of at least ``--embed-min-count`` training
-        questions: :func:`.symbol_embedding.frequent_symbols`).
-    :param frame_symbols: a table head only. None (default): no symbol is a frame symbol, and ``frame_content``
-        adds nothing. A bool sequence ``(S,)``: the symbols whose pairs ``frame_content`` weighs
-        (``pyro-multihop qa`` passes those that no training question and no training answer names:
-        :func:`.fact_parameters.frame_symbols_of`).
+    :param bool comparison: whether the emission's comparison component is on (:mod:`.fact_comparison`: yes / no / maybe
+        answers from matches of question tokens with the fact's fields). Off (the default), its mixture logit starts at
+        ``MASKED_LOGIT``, where its weight and its gradient are exactly 0, so the head is the tables-and-copies head of
+        earlier releases; an ``init`` of ``emission_mix`` overrides it.
+    :param bool revisit: whether hop ``l`` may attend the fact hop ``l - 1`` attended (default False: it may not, unless
+        the row has one real fact; checkpoints written before this option load with True, as they were trained).
+    :param answer_symbols: None (default): the learnt parts of the emission (its tables and its comparison) put mass on
+        every one of the ``S`` symbols. A sequence of ``A`` distinct symbols: on those alone (e.g. the training
+        answers), so that their parameters are ``(.., A)`` and their normalisers cost ``O(A)``, not ``O(S)``; a target
+        outside them is emitted by a copy or not at all. A learnt table can give only answers that training showed, so
+        nothing else is lost (``pyro-multihop qa --embed-dim`` passes the training answers).
+    :param embedded_symbols: ``embed_dim`` only. None (default): every symbol owns a row of ``E``. A bool sequence
+        ``(S,)``: the symbols that do; the others' rows are 0 (:mod:`.fact_variational`), so that they enter the scores
+        only through the equality terms, the copy and their ``O(S)`` vectors (``pyro-multihop qa --embed-dim`` passes
+        the symbols of at least ``--embed-min-count`` training questions: :func:`.symbol_embedding.frequent_symbols`).
+    :param frame_symbols: a table head only. None (default): no symbol is a frame symbol, and ``frame_content`` and
+        ``last_fact_kind`` add nothing. A bool sequence ``(S,)``: the symbols whose pairs ``frame_content`` weighs, and
+        ``last_fact_kind`` one at a time (``pyro-multihop qa`` passes those that no training question and no training
+        answer names: :func:`.fact_parameters.frame_symbols_of`).
     :param answer_parts: None (default): the answer is emitted from the last hop's fact. ``{answer symbol: L part
         numbers}``: an answer per hop, part ``l`` said by hop ``l``'s fact from the side the path enters it
         (:mod:`.fact_hop_answers`; ``pyro-multihop qa`` passes it where every training answer has ``L`` parts).
     :param bool path_normalised: False (default): a softmax per hop (the story above). True: one softmax over whole
-        paths of the summed scores (:func:`~pyro_multihop.engine.log_space.path_normalised_logits`, a CRF over the
-        hops; still a Markov chain, every query exact): a hop-1 fact with no good way on loses its share.
+        paths of the summed scores (:func:`~pyro_multihop.engine.log_space.path_normalised_logits`, a CRF over the hops;
+        still a Markov chain, every query exact): a hop-1 fact with no good way on loses its share.
 
     Example::
 
@@ -327,8 +325,8 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         ``compare_choice``, ``compare_by_symbol``, ``compare_flip`` and ``question_pattern``, 3e-3 on
         ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
         terms at 0: :meth:`start_variant`), and in a table head 3e-3 on ``copy_by_symbol`` (3e-2 in an embedded
-        head), on ``frame_content`` (:data:`FRAME_DECAY`) and on the order terms by the previous fact's symbols
-        (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md, the copy's
+        head), on ``frame_content`` (:data:`FRAME_DECAY`), ``last_fact_kind`` and the order terms by the previous
+        fact's symbols (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md, the copy's
         question terms, the frame table and the order terms' decay).
         Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
         training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
@@ -338,13 +336,9 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
         never occurs in a fact (a language that inflects nouns) only they can produce it, and a decay there pulls
         that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``). An embedded
-        head decays its ``symbol_embedding`` and the question and content forms in place of the tables, at 2e-3.
-        Measured (held-out rows of entities training never showed; docs/facts.md, "Symbol embeddings"): on
-        ``fact_chain_task`` with 2,000 rows 1.0 (0.976 at 2e-2, 0.89 at 3e-2), on a simulated knowledge base
-        (``datasets.knowledge_base``, one hop) 0.985 (0.37 at 2e-2: the relation words are not learnt); from the
-        equality start (:data:`~.fact_parameters.EQUALITY_START`), few rows over few entities too
-        (``fact_chain_task``, 300 rows, ``D = 8``: 1.0, 0.907 at 2e-2). A symbol that training never showed has a
-        gradient of the decay alone, so its row is pulled to 0 and adds nothing to the scores."""
+        head decays its ``symbol_embedding`` and the question and content forms in place of the tables, at 2e-3
+        (measured on entities training never showed, 2e-2 and 3e-2 beside: docs/facts.md, "Symbol embeddings"). A
+        symbol that training never showed has a gradient of the decay alone, so its row is pulled to 0."""
         tables = ("question_tables", "content_tables", "question_choice", "age_by_symbol", "offset_by_symbol",
                   "direction_by_symbol", "nearest_by_symbol", "copy_by_symbol", "compare_choice", "compare_by_symbol",
                   "compare_flip")
@@ -353,7 +347,8 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
             decay = {**{name: 2e-3 for name in ("symbol_embedding", "question_bilinear", "content_bilinear")},
                      **{name: 3e-2 for name in tables[2:]}}
         else:  # measured on bAbI: docs/facts.md, the order terms' decay and the frame table
-            decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL}, frame_content=FRAME_DECAY, copy_by_symbol=COPY_DECAY)
+            decay.update({name: 3e-3 for name in ORDER_BY_SYMBOL + ("last_fact_kind",)}, frame_content=FRAME_DECAY,
+                         copy_by_symbol=COPY_DECAY)
         # measured on bAbI: docs/facts.md, the copy's question terms (the stronger prior in a start that holds the
         # word-order terms at 0)
         decay["copy_by_question"] = COPY_DECAY if self.word_order else HELD_COPY_DECAY
@@ -383,19 +378,29 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
                                         chunk.question, chunk.real_tokens)
 
     def question_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
-        """``(c, N)``: ``sum_m w[m] sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])``:
-        one gather of ``(c, M, F, N)`` from the ``F`` tables at the chunk's :meth:`FactFeatures.question_index`
-        (embedded: :func:`.symbol_embedding.question_term`)."""
+        """``(c, N)``: ``sum_m w[m] (sum_b (question_equality[hop, b] [q_m == f_j^b] + question_tables[hop, b][q_m, f_j^b])
+        + min(mention_slopes[hop], 0) mention_age_j(q_m))`` (:meth:`FactFeatures.mention_ages`): one ``(c, M, F, N)``
+        gather from the tables at :meth:`FactFeatures.question_index` (embedded: :func:`.symbol_embedding.question_term`)."""
         weights = self.question_weights(hop, chunk)  # (c, M)
+        slope = self.mention_slopes[hop].clamp(max=0)  # the latest mention preferred, never the oldest
+        mentions = slope * (weights.unsqueeze(-1) * chunk.mention_ages()).sum(1)  # (c, N)
         if self.embed_dim is not None:
-            return embedded.question_term(weights, chunk.question, chunk.fields, chunk.real_fields,
-                                          *self.symbol_vectors(chunk), self.question_equality[hop],
-                                          self.question_bilinear[hop])
+            return mentions + embedded.question_term(weights, chunk.question, chunk.fields, chunk.real_fields,
+                                                     *self.symbol_vectors(chunk), self.question_equality[hop],
+                                                     self.question_bilinear[hop])
         S = self.num_symbols
         eye = torch.eye(S, dtype=weights.dtype, device=weights.device)
         tables = padded(self.question_tables[hop] + self.question_equality[hop, :, None, None] * eye, 2)  # (F, S+1, S+1)
         match = flat_gather(tables, chunk.question_index())  # (c, M, F, N)
-        return (weights[..., None, None] * match).sum((1, 2))
+        return mentions + (weights[..., None, None] * match).sum((1, 2))
+
+    def candidate_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
+        """``(c, N)``: candidate ``j``'s own terms: the question's, the pattern's, the last hop's ``last_fact_kind``."""
+        about = self.question_term(hop, chunk) + self.pattern_term(hop, chunk)
+        if self.embed_dim is not None or hop != self.n_hops - 1:
+            return about
+        kind = self.last_fact_kind * self.frame_symbols.to(self.last_fact_kind.dtype)
+        return about + padded(kind, 1)[chunk.fields].sum(-1)  # padding's entry 0
 
     def pattern_term(self, hop: int, chunk: FactFeatures) -> torch.Tensor:
         """``(c, N)``: ``u_j^T question_pattern[hop] u_j``, with ``u_j`` ``(P F,)`` the counts of question tokens at
@@ -483,13 +488,12 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         if not self.revisit:  # nor the previous hop's fact, unless it is the row's only real fact
             stay = torch.eye(chunk.real.shape[-1], dtype=torch.bool, device=blocked.device)
             blocked = blocked | (stay & (chunk.real.sum(-1) > 1).view(-1, 1, 1))  # (c, N, N)
-        first = self.question_term(0, chunk) + self.pattern_term(0, chunk) + self.age_slopes[0] * chunk.age
+        first = self.candidate_term(0, chunk) + self.age_slopes[0] * chunk.age
         first = first.masked_fill(~chunk.real, MASKED_LOGIT)
         later = []
         for hop in range(1, self.n_hops):
             # Every term is added in place into the fresh pair term: none of these ops keeps its input.
-            about_question = self.question_term(hop, chunk) + self.pattern_term(hop, chunk)  # (c, N)
-            logits = self.pair_term(hop, chunk).add_(about_question.unsqueeze(-2))
+            logits = self.pair_term(hop, chunk).add_(self.candidate_term(hop, chunk).unsqueeze(-2))
             logits = self.add_nearest_term(hop, chunk, self.add_order_term(hop, chunk, logits))
             later.append(logits.masked_fill_(blocked, MASKED_LOGIT))
         return path_normalised_logits(first, later) if self.path_normalised else (first, later)
@@ -508,16 +512,16 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
         def extra_elements(N: int) -> float:
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
             # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and
-            # matches, the pattern's (P F) counts and their product with it
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + 5 * P * N * F + self.part_elements(N)
+            # matches and mention ages, the pattern's (P F) counts and their product with it
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + P * N * (5 * F + 3) + self.part_elements(N)
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
-            # the two neighbour masks, the question's (M, N, F) matches, the facts' embeddings and their products
-            # with the forms, the (c, N, A) tables of predictions over the answers (the engine counts the (c, N, S)
-            # emission of predict_proba itself; the normaliser's blocks take a quarter of the budget beside)
+            # the two neighbour masks, the question's (M, N, F) matches and mention ages, the facts' embeddings and
+            # their products with the forms, the (c, N, A) tables of predictions over the answers (the engine counts
+            # the (c, N, S) emission of predict_proba itself; the normaliser's blocks take a quarter of the budget)
             D, A = self.embed_dim, self.num_answers
-            return ((2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + 5 * P * N * F + 4 * L * N * F * D
+            return ((2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + P * N * (5 * F + 3) + 4 * L * N * F * D
                     + self.part_elements(N))
 
         position_target = self.target_log_probs

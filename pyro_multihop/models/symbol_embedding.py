@@ -48,8 +48,9 @@ EMBEDDING_SHAPES = {
     "answer_bias": "(A,)",
 }
 
-#: The table head's parameters that the embedded head has not (its ``frame_content``: no frame table).
-REPLACED_TABLES = ("question_tables", "content_tables", "emission_tables", "frame_content")
+#: The table head's parameters that the embedded head has not (``frame_content`` and ``last_fact_kind``: no frame
+#: symbols, whose weights alone these are).
+REPLACED_TABLES = ("question_tables", "content_tables", "emission_tables", "frame_content", "last_fact_kind")
 
 #: Parameters drawn at random at the start (standard deviation ``1 / sqrt(D)``, rows of about unit length): at
 #: zero every gradient of a bilinear form would be zero. The bilinear forms and the bias start at zero, so the

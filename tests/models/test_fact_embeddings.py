@@ -81,7 +81,7 @@ def test_identity_embeddings_give_the_table_head(L):
     table = factories.random_fact_head(L, F, S, P, seed=L + 3)
     table.frame_symbols.zero_()  # no frame symbol: an embedded head has no frame table
     init = {name: value.detach() for name, value in table.named_parameters() if name not in ("question_tables",
-            "content_tables", "emission_tables", "frame_content")}
+            "content_tables", "emission_tables", "frame_content", "last_fact_kind")}
     eye = torch.eye(S, dtype=torch.float64)
     init.update(symbol_embedding=eye, output_embedding=eye, question_bilinear=table.question_tables.detach(),
                 content_bilinear=table.content_tables.detach(), emission_bilinear=table.emission_tables.detach())
@@ -92,7 +92,8 @@ def test_identity_embeddings_give_the_table_head(L):
     expected.sum().backward()
     got.sum().backward()
     for name, parameter in table.named_parameters():
-        if parameter.numel() == 0 or name == "frame_content":  # the previous-fact terms of L = 1; no frame symbol
+        # the previous-fact terms of L = 1; the terms of the frame symbols, of which there are none
+        if parameter.numel() == 0 or name in ("frame_content", "last_fact_kind"):
             continue
         other = {"question_tables": "question_bilinear", "content_tables": "content_bilinear",
                  "emission_tables": "emission_bilinear"}.get(name, name)
@@ -134,7 +135,8 @@ def test_parameter_counts():
     L, S2, P2, D2 = 3, 1000, 5, 16
     tables, embedded = parameter_elements(L, F, S2, P2), parameter_elements(L, F, S2, P2, embed_dim=D2)
     assert sum(tables.values()) - sum(embedded.values()) == \
-        (L * F + (L - 1) * F * F + F) * (S2 * S2 - D2 * D2) - 2 * S2 * D2 - S2 + (L - 1) * S2 * S2  # the frame table
+        (L * F + (L - 1) * F * F + F) * (S2 * S2 - D2 * D2) - 2 * S2 * D2 - S2 + (L - 1) * S2 * S2 \
+        + S2  # the frame table and last_fact_kind
     head = FactAttention(L, F, 50, max_question_len=P2, embed_dim=D2)
     assert {name: p.numel() for name, p in head.named_parameters()} == parameter_elements(L, F, 50, P2, embed_dim=D2)
     assert sorted(name for name, _ in head.named_parameters()) == sorted(parameter_shapes(D2))

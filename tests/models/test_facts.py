@@ -400,19 +400,24 @@ def test_the_question_pattern_learns_which_side_the_relation_is_asked_from(patte
         assert found <= 0.9 and answered <= 0.9, (found, answered)
 
 
-@pytest.mark.parametrize("name", ["question_pattern", "adjacent_logits"])
-@pytest.mark.parametrize("embed_dim", [None, 4], ids=["tables", "embedded"])
+@pytest.mark.parametrize("name, embed_dim", [(name, embed_dim) for name in ("question_pattern", "adjacent_logits",
+                                                                             "mention_slopes", "last_fact_kind")
+                                             for embed_dim in (None, 4) if name != "last_fact_kind" or embed_dim is None])
 def test_a_checkpoint_without_a_later_term_loads_as_the_head_it_was(tmp_path, embed_dim, name):
-    """A checkpoint written before ``question_pattern`` (or ``adjacent_logits``) loads with it at 0 and gives the
-    likelihood of the same head with it zeroed; a checkpoint that has it keeps it."""
+    """A checkpoint written before ``question_pattern`` (or ``adjacent_logits``, ``mention_slopes``, a table head's
+    ``last_fact_kind``) loads with it at 0 and gives the likelihood of the same head with it zeroed; a checkpoint
+    that has it keeps it."""
     from pyro_multihop.checkpoint import load_checkpoint, save_checkpoint
 
-    head = FactAttention(2, F, S, max_question_len=P, embed_dim=embed_dim, dtype=torch.float64, seed=1)
+    frame = torch.arange(S) % 2 == 0 if embed_dim is None else None  # last_fact_kind weighs these
+    head = FactAttention(2, F, S, max_question_len=P, embed_dim=embed_dim, dtype=torch.float64, seed=1,
+                         frame_symbols=frame)
     names = [name]
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for parameter in head.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=g, dtype=torch.float64))
+        head.mention_slopes.copy_(-head.mention_slopes.abs())  # held at or below 0 in the score
     obs = factories.random_fact_observations(4, N, F, M, S, seed=5)
     kept, _ = load_checkpoint(save_checkpoint(tmp_path / "kept.pt", head, step=0))
     old, _ = load_checkpoint(factories.checkpoint_without(head, names, tmp_path))
@@ -432,13 +437,16 @@ def test_a_checkpoint_without_the_frame_table_loads_as_the_head_it_was(tmp_path)
     head = factories.random_fact_head(2, F, S, P, seed=6)
     obs = factories.random_fact_observations(4, N, F, M, S, seed=5)
     kept, _ = load_checkpoint(save_checkpoint(tmp_path / "kept.pt", head, step=0))
-    old, _ = load_checkpoint(factories.checkpoint_without(head, ["frame_content", "frame_symbols"], tmp_path))
+    # written before the frame table, so before last_fact_kind too
+    old, _ = load_checkpoint(factories.checkpoint_without(head, ["frame_content", "frame_symbols", "last_fact_kind"],
+                                                          tmp_path))
     assert torch.equal(kept.frame_symbols, head.frame_symbols) and bool(head.frame_symbols.any())
     assert float(old.frame_content.detach().abs().max()) == 0 and not bool(old.frame_symbols.any())
     assert torch.allclose(kept.log_likelihood(obs), head.log_likelihood(obs), atol=1e-12, rtol=0)
     assert not torch.allclose(old.log_likelihood(obs), head.log_likelihood(obs), atol=1e-6, rtol=0)
     with torch.no_grad():
         head.frame_content.zero_()
+        head.last_fact_kind.zero_()
     assert torch.allclose(old.log_likelihood(obs), head.log_likelihood(obs), atol=1e-12, rtol=0)
 
 
