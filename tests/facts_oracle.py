@@ -50,7 +50,7 @@ def score(p, obs, row, hop, previous, j, D):
             later = sum(q in real_field_symbols(obs, row, k).values() for k in real if rank[k] > rank[j])
             total = total + w * p["mention_slopes"][hop].clamp(max=0) * min(later, D)  # held at or below 0
     if "last_fact_kind" in p and hop == p["age_slopes"].shape[0] - 1:  # the last hop's candidate's frame symbols
-        total = total + sum(p["last_fact_kind"][s] for s in fj.values() if bool(p["frame_symbols"][s]))
+        total = total + sum(p["last_fact_kind"][s] * float(p["frame_symbols"][s]) for s in fj.values())
     # the question pattern: every ordered pair of (token, field) matches, positions past P in the P-th's bin
     pairs = [(min(m, last), b) for m in tokens for b, symbol in fj.items() if int(obs.question[row, m]) == symbol]
     for m, b in pairs:
