@@ -198,9 +198,26 @@ def hop_answer_parts(records: Sequence[QARecord], vocabulary: QAVocabulary, n_ho
     return {vocabulary.index(answer): [numbers[part] for part in parts] for answer, parts in sorted(split.items())}
 
 
+def list_register(records: Sequence[QARecord], vocabulary: QAVocabulary) -> Optional[dict]:
+    """A held-set register (``FactAttention``'s ``register``) where some training answers are lists (two or more
+    parts separated by :data:`ANSWER_PART_SEPARATOR`, every part a symbol of the vocabulary) and the answers are not
+    said per hop: ``{"counts": 1 + the longest list, "lists": [[answer symbol, [part symbols]], ...]}``; None
+    otherwise. The rule reads the answers' form, no word (bAbI task 8's "football,apple")."""
+    lists = {}
+    for record in records:
+        parts = record.answer.split(ANSWER_PART_SEPARATOR)
+        if len(parts) > 1 and len(set(parts)) == len(parts) and all(vocabulary.index(part) for part in parts):
+            lists[record.answer] = [vocabulary.index(part) for part in parts]
+    if not lists:
+        return None
+    return {"counts": 1 + max(len(parts) for parts in lists.values()),
+            "lists": [[vocabulary.index(answer), parts] for answer, parts in sorted(lists.items())]}
+
+
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
                embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None,
-               embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False):
+               embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False,
+               register=None):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
@@ -211,7 +228,8 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     embedding (``FactAttention``'s; :func:`run_qa` passes those of ``embed_min_count`` training questions);
     ``frame_symbols``: a table head's frame symbols (``FactAttention``'s; :func:`run_qa` passes those that no
     training question or answer names); ``answer_parts``: an answer per hop (``FactAttention``'s; :func:`run_qa` passes
-    :func:`hop_answer_parts`); ``path_normalised``: one softmax over whole hop paths (``FactAttention``'s). With
+    :func:`hop_answer_parts`); ``path_normalised``: one softmax over whole hop paths (``FactAttention``'s);
+    ``register``: a held-set register (``FactAttention``'s; :func:`run_qa` passes :func:`list_register`). With
     ``check_memory``, :func:`check_head_memory` runs first."""
     if check_memory:
         num_parts = None if answer_parts is None else 1 + max(max(parts) for parts in answer_parts.values())
@@ -220,7 +238,7 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
                          embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
                          answer_symbols=answer_symbols, embedded_symbols=embedded_symbols, frame_symbols=frame_symbols,
-                         answer_parts=answer_parts, path_normalised=path_normalised)
+                         answer_parts=answer_parts, path_normalised=path_normalised, register=register)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -401,8 +419,10 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
     # the frame table's symbols (a table head): those no training question or answer names, read from the data
     frame = frame_symbols_of(train.obs, vocabulary.num_symbols) if embed_dim is None else None
+    register = list_register(train_records, vocabulary) if parts is None else None  # lists: what a person holds
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
                       answer_symbols=answers, embedded_symbols=embedded, frame_symbols=frame, answer_parts=parts,
+                      register=register,
                       path_normalised=parts is not None if path_normalised is None else bool(path_normalised))
     test.require_answers("evaluating the test questions")
     if parts is None:  # an answer said per hop is never in a fact: its note below says how it is learnt
@@ -417,6 +437,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         log(f"note: every training answer has {n_hops} parts (separated by {ANSWER_PART_SEPARATOR!r}): the answer is "
             "said per hop, part l by the fact hop l attends" + (", and the hops are normalised over whole paths "
             "(--no-path-normalised: one softmax per hop)" if head.path_normalised else ""))
+    if register is not None and log is not None:
+        log(f"note: {len(register['lists'])} training answers are lists (separated by {ANSWER_PART_SEPARATOR!r}): the "
+            "emission mixes in a held-set register (what the question's person holds: its count or its set)")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,
@@ -441,6 +464,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "comparison": head.comparison,
         "answer_per_hop": head.per_hop_answers,
         "path_normalised": head.path_normalised,
+        "register": head.uses_register,
         **({} if embedded is None else {"embed_min_count": embed_min_count,
                                         "embedded_symbols": int(embedded.sum())}),
         **findings,

@@ -1,7 +1,8 @@
 """The structured-facts head's emission (:class:`~pyro_multihop.models.facts.FactAttention`): the answer given the
 fact the last hop attends, a mixture over the fact's real fields of a learnt table and a copy, and a comparison of
 question tokens with the fact's fields (the formula is in :mod:`.facts`; the copy's weights are :mod:`.fact_copy`,
-the comparison :mod:`.fact_comparison`, an embedded head's tables :mod:`.symbol_embedding`).
+the comparison :mod:`.fact_comparison`, an embedded head's tables :mod:`.symbol_embedding`), with a head's
+``register`` mixed in (:mod:`.fact_register`: a count or a set, the same at every fact).
 
 Three forms, each for what a query needs: every target of every fact (:meth:`FactEmission.emission_log_probs`,
 ``(c, N, S)``: sampling), each row's target alone (:meth:`FactEmission.target_log_probs`, ``(c, N)``: the
@@ -40,7 +41,8 @@ class FactEmission:
         if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
             probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
         probs = probs.scatter_add(-1, obs.facts, copies)
-        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
+        log_probs = (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
+        return self.with_register(log_probs, lambda: self.register_answer_log_probs(obs))
 
     def _learnt_probs(self, obs: FactObservations, tables: torch.Tensor, compares: torch.Tensor,
                       matches) -> torch.Tensor:
@@ -98,7 +100,8 @@ class FactEmission:
             compared = comparison.comparison_log_probs(matches, answer, self._comparison_logits(),
                                                        self.compare_bias).exp()
             probs = probs + compares * (compared.unsqueeze(-1) * emitted)
-        return (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
+        log_probs = (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
+        return self.with_register(log_probs, lambda: self.register_target_log_probs(obs))
 
     def _mixture_weights(self, obs: FactObservations):
         """``(table weights (c, N, F), copy weights (c, N, F), comparison weight (c, N, 1), their total (c, N, 1),
@@ -135,5 +138,9 @@ class FactEmission:
         learnt = self._learnt_probs(obs, tables * share, compares * share, matches).sum(-2)  # (c, A)
         if self.answer_symbols is not None:  # (c, A) -> (c, S)
             learnt = learnt.new_zeros(len(obs), self.num_symbols).index_add_(-1, self.answer_symbols, learnt)
-        return learnt.scatter_add(-1, obs.facts.flatten(1), (copies * share).flatten(1))
+        mixture = learnt.scatter_add(-1, obs.facts.flatten(1), (copies * share).flatten(1))
+        if self.uses_register:  # the register's share, the same at every fact
+            rho = torch.sigmoid(self.register_mix[0])
+            mixture = (1 - rho) * mixture + rho * weights.sum(-1, keepdim=True) * self.register_answer_log_probs(obs).exp()
+        return mixture
 

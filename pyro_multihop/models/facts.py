@@ -104,6 +104,7 @@ from .fact_comparison import FLIP_START
 from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_hop_answers import HopAnswers
+from .fact_register import HeldRegister
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
 from .fact_parameters import (COPY_DECAY, EMBEDDED_STEPS, EQUALITY_START, EQUALITY_WEIGHTS, FRAME_DECAY, FRAME_SYMBOLS,
@@ -119,7 +120,7 @@ __all__ = ["FactAttention", "nearest_sharing", "parameter_elements", "parameter_
 EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
               "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
 
-class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHead):
+class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
 
     The generative story and the terms of the score are in the module docstring; every parameter is an
@@ -174,6 +175,8 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
     :param bool path_normalised: False (default): a softmax per hop (the story above). True: one softmax over whole
         paths of the summed scores (:func:`~pyro_multihop.engine.log_space.path_normalised_logits`, a CRF over the hops;
         still a Markov chain, every query exact): a hop-1 fact with no good way on loses its share.
+    :param register: None (default), or ``{"counts": R, "lists": [[answer symbol, [part symbols]], ...]}``: a held-set
+        register mixed into the emission, counts and sets of what the question's person holds (:mod:`.fact_register`).
 
     Example::
 
@@ -188,7 +191,8 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
                  max_distance: int = 100, *, dtype=None, init: Optional[dict] = None,
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
                  answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False,
-                 embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False):
+                 embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False,
+                 register=None):
         super().__init__()
         self.comparison = bool(comparison)
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
@@ -248,6 +252,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
                 value = torch.zeros(shape, dtype=dtype)
             self._set_parameter(name, value, initial_scale)
         self._answer_parts_option(answer_parts, dtype)
+        self._register_option(register, dtype)
 
     def start_variant(self, start: int) -> Optional[str]:
         """Start ``start`` of ``fit_svi(starts=K)``, set in place: the head's other starts, so that the held-out
@@ -302,6 +307,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
             config["answer_symbols"] = self.answer_symbols.tolist()
         config = {**config, **self._posterior_config()}
         config = {**config, "answer_parts": self.answer_parts_config()} if self.per_hop_answers else config
+        config = {**config, "register": self.register_config()} if self.uses_register else config
         return {**config, "comparison": True} if self.comparison else config
 
     # what a checkpoint written by an earlier release means, and why one of the other kind cannot load
@@ -513,7 +519,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
             # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
             # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and
             # matches and mention ages, the pattern's (P F) counts and their product with it
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + P * N * (5 * F + 3) + self.part_elements(N)
+            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + P * N * (5 * F + 3) + self.part_elements(N) + self.register_elements(N)
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
@@ -522,7 +528,7 @@ class FactAttention(HopAnswers, FactEmission, EmbeddingPosterior, HopAttentionHe
             # the (c, N, S) emission of predict_proba itself; the normaliser's blocks take a quarter of the budget)
             D, A = self.embed_dim, self.num_answers
             return ((2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + P * N * (5 * F + 3) + 4 * L * N * F * D
-                    + self.part_elements(N))
+                    + self.part_elements(N) + self.register_elements(N))
 
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
