@@ -127,8 +127,60 @@ def copy_logit(p, obs, row, a, symbol):
     return p["copy_by_symbol"][symbol] + p["copy_question_equality"][a] * float(symbol in question) + asked
 
 
-def emission(p, obs, row, i):
-    """``(S,)`` ``log p(target | fact i)`` from the mixture's definition."""
+def register(p, obs, row):
+    """``(S,)`` ``p_register(target)`` of the held-set register from its definition: for each real question token
+    ``m`` (its softmax weight), every symbol's chance of being held by a loop over its occurrences in story order,
+    then every subset of the symbols that can be held enumerated, for the count and for the sets an answer says."""
+    config = p["register"]
+    R, F, S = config["counts"], obs.num_fields, len(p["copy_by_symbol"])
+    tokens = [m for m in range(obs.question_len) if bool(obs.real_tokens()[row, m])]
+    last = p["register_position"].shape[0] - 1
+    weights = torch.softmax(torch.stack([p["register_position"][min(m, last)] for m in tokens]), 0)
+    mu = torch.sigmoid(p["set_logits"]) * torch.tensor([0.0] + [1.0] * (R - 1), dtype=torch.float64)
+    out = torch.zeros(S, dtype=torch.float64)
+    for weight, m in zip(weights, tokens):
+        person_symbol = int(obs.question[row, m])
+        held, first = {}, {}  # symbol: P(held), its first occurrence that can change it
+        for i in range(obs.num_facts):
+            if not bool(obs.full_mask()[row, i]):
+                continue
+            fi = real_field_symbols(obs, row, i)
+            person = [f for f, symbol in fi.items() if symbol == person_symbol]
+            for g in sorted(fi):
+                if not person or g in person:
+                    continue
+                o = fi[g]
+                logits = (sum(p["register_by_fact_symbol"][symbol] for symbol in fi.values())
+                          + p["register_by_object"][o] + sum(p["register_by_field_pair"][f, g] for f in person))
+                set_, _, keep = torch.softmax(logits, 0)
+                held[o] = set_ + keep * held.get(o, 0.0)
+                first.setdefault(o, (i, g))
+        symbols = sorted(held)
+        counts, sets = [0.0] * R, {}
+        for bits in itertools.product([0, 1], repeat=len(symbols)):
+            prob = torch.tensor(1.0, dtype=torch.float64)
+            for symbol, bit in zip(symbols, bits):
+                prob = prob * (held[symbol] if bit else 1 - held[symbol])
+            chosen = tuple(sorted((s for s, bit in zip(symbols, bits) if bit), key=first.get))
+            counts[min(len(chosen), R - 1)] = counts[min(len(chosen), R - 1)] + prob
+            sets[chosen] = prob
+        sayable = torch.zeros(S, dtype=torch.float64)
+        for symbol in symbols:
+            sayable = sayable + sets[(symbol,)] * torch.eye(S, dtype=torch.float64)[symbol]
+        for answer, parts in config["lists"]:
+            if tuple(parts) in sets:
+                sayable = sayable + sets[tuple(parts)] * torch.eye(S, dtype=torch.float64)[answer]
+        said = sum(counts[r] * (1 - mu[r]) * _on_symbols(torch.softmax(p["count_logits"][r], 0), p)
+                   for r in range(R))
+        if symbols:
+            said = said + sum(counts[r] * mu[r] for r in range(R)) * sayable / sayable.sum()
+        out = out + weight * said
+    return out
+
+
+def emission(p, obs, row, i, register_probs=None):
+    """``(S,)`` ``log p(target | fact i)`` from the mixture's definition (``register_probs``: the row's
+    :func:`register`, computed here where the head has one and it is not given)."""
     fi = real_field_symbols(obs, row, i)
     F = obs.num_fields
     mix = torch.softmax(p["emission_mix"], 0)
@@ -143,7 +195,11 @@ def emission(p, obs, row, i):
     probs = probs + mix[2 * F] * gate * compared
     norm = norm + mix[2 * F] * gate
     # floored at the smallest normal number as the head floors it (a symbol no component emits; finite gradients)
-    return torch.log((probs / norm).clamp_min(torch.finfo(torch.float64).tiny))
+    probs = (probs / norm).clamp_min(torch.finfo(torch.float64).tiny)
+    if p.get("register") is not None:
+        rho = torch.sigmoid(p["register_mix"][0])
+        probs = (1 - rho) * probs + rho * (register(p, obs, row) if register_probs is None else register_probs)
+    return torch.log(probs)
 
 
 def path_tables(head, obs, params=None):
@@ -151,7 +207,8 @@ def path_tables(head, obs, params=None):
     predictive; ``params`` (default: the head's parameters in float64) may require grad."""
     p = params if params is not None else {k: v.detach().double() for k, v in head.named_parameters()}
     p = {**p, "answer_symbols": getattr(head, "answer_symbols", None), "revisit": head.revisit,
-         "frame_symbols": getattr(head, "frame_symbols", torch.zeros(head.num_symbols, dtype=torch.bool))}
+         "frame_symbols": getattr(head, "frame_symbols", torch.zeros(head.num_symbols, dtype=torch.bool)),
+         "register": head.register_config() if getattr(head, "uses_register", False) else None}
     D = head.max_distance
     tables, predictive = [], []
     for row in range(len(obs)):
@@ -160,7 +217,8 @@ def path_tables(head, obs, params=None):
         for hop in range(1, head.n_hops):
             for i in real:
                 gates[(hop, i)] = gate(p, obs, row, hop, i, D)
-        emissions = {i: emission(p, obs, row, i) for i in real}
+        register_probs = register(p, obs, row) if p["register"] is not None else None
+        emissions = {i: emission(p, obs, row, i, register_probs) for i in real}
         table, mixture = {}, 0.0
         for path in itertools.product(real, repeat=head.n_hops):
             if any(path[hop] not in gates[(hop, path[hop - 1])] for hop in range(1, head.n_hops)):

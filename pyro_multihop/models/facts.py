@@ -14,7 +14,8 @@ vocabulary of ``S`` symbols for facts, question and answer)::
             (facts (N, F), observed; every hop also reads the question)
 
 (``path_normalised=True``: one softmax over whole paths of the summed scores in place of one per hop;
-``answer_parts``: the target said one part per hop, :mod:`.fact_hop_answers`.)
+``answer_parts``: the target said one part per hop, :mod:`.fact_hop_answers`; ``register``: the count or the set of
+what the question's person holds mixed into the emission, :mod:`.fact_register`.)
 
 The score of candidate fact ``j`` at hop ``l``, given the fact ``i`` the previous hop attended, is a sum of
 learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i``, ``[.]`` an indicator,
@@ -99,9 +100,8 @@ from ..engine.log_space import MASKED_LOGIT, HopChain, path_normalised_logits
 from ..engine.moved_names import deprecated_aliases
 from . import symbol_embedding as embedded
 from .base import HopAttentionHead, check_positive_int
-from . import fact_comparison as comparison
+from . import fact_checkpoints, fact_comparison as comparison
 from .fact_comparison import FLIP_START
-from . import fact_checkpoints
 from .fact_emission import FactEmission
 from .fact_hop_answers import HopAnswers
 from .fact_register import HeldRegister
@@ -127,8 +127,8 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
     unconstrained ``torch.nn.Parameter`` named as in :data:`PARAMETER_SHAPES`, 0 at the start (``emission_tables``
     and ``emission_mix`` uniform at 0 too) except the equality weights ``question_equality`` and ``field_equality``,
     at :data:`~.fact_parameters.EQUALITY_START`: the head starts out attending the facts that share symbols with
-    the question and the previous fact (at 0, a chain of hops is a saddle that training does not leave;
-    docs/facts.md, "Where training starts").
+    the question and the previous fact (at 0, a chain of hops is a saddle that training does not leave; docs/facts.md,
+    "Where training starts"). A ``register``'s parameters start as :mod:`.fact_register` says.
 
     :param int n_hops: ``L``.
     :param int num_fields: ``F``, fields per fact.
@@ -175,8 +175,8 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
     :param bool path_normalised: False (default): a softmax per hop (the story above). True: one softmax over whole
         paths of the summed scores (:func:`~pyro_multihop.engine.log_space.path_normalised_logits`, a CRF over the hops;
         still a Markov chain, every query exact): a hop-1 fact with no good way on loses its share.
-    :param register: None (default), or ``{"counts": R, "lists": [[answer symbol, [part symbols]], ...]}``: a held-set
-        register mixed into the emission, counts and sets of what the question's person holds (:mod:`.fact_register`).
+    :param register: ``{"counts": R, "lists": [[answer symbol, [part symbols]], ...]}``: a held-set register in the
+        emission, the count or the set that the question's person holds (:mod:`.fact_register`; default None: none).
 
     Example::
 
@@ -198,16 +198,13 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
         # get no gradient and stay 0, the same function as a head with them on at 0 (what its checkpoint loads as)
         self.word_order = True
-        if not isinstance(revisit, bool):
-            raise TypeError(f"revisit must be a bool, got {revisit!r}")
-        self.revisit = revisit
-        if not isinstance(path_normalised, bool):
-            raise TypeError(f"path_normalised must be a bool, got {path_normalised!r}")
-        self.path_normalised = path_normalised
+        for name, value in (("revisit", revisit), ("path_normalised", path_normalised)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        self.revisit, self.path_normalised = revisit, path_normalised
         self.n_hops = check_positive_int("n_hops", n_hops)
         self.num_fields = check_positive_int("num_fields", num_fields)
-        self.num_symbols = check_positive_int("num_symbols", num_symbols)
-        self.num_targets = self.num_symbols
+        self.num_symbols = self.num_targets = check_positive_int("num_symbols", num_symbols)
         self.max_question_len = check_positive_int("max_question_len", max_question_len)
         self.max_distance = check_positive_int("max_distance", max_distance)
         self.embed_dim = None if embed_dim is None else check_positive_int("embed_dim", embed_dim)
@@ -266,13 +263,12 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
           (:data:`~.fact_parameters.WORD_ORDER_TERMS`: the question's pattern and the frame table): starts 4-7
           with the comparison on, 2-3 without it.
 
-        The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from
-        it a hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9;
-        docs/facts.md, "Where training starts"). The word-order terms let a hop read where the question's words
-        stand in a fact (bAbI task 4) and how a fact's frame words follow each other (task 14); from every start
-        the pattern traps tasks 9 and 15, and the frame table task 15 at 10k, whose fits without them have the
-        better held-out likelihood. Those starts also fit ``copy_by_question`` under the stronger prior
-        :data:`HELD_COPY_DECAY` (:meth:`svi_defaults`; docs/facts.md, the copy's question terms)."""
+        The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from it a
+        hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9; docs/facts.md,
+        "Where training starts"). The word-order terms let a hop read where the question's words stand in a fact
+        (bAbI task 4) and how a fact's frame words follow each other (task 14); from every start the pattern traps
+        tasks 9 and 15, and the frame table task 15 at 10k, whose fits without them have the better held-out
+        likelihood. Those starts fit ``copy_by_question`` under the stronger prior :data:`HELD_COPY_DECAY`."""
         self.word_order = True
         plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
         variants = plain + tuple(("held",) + variant for variant in ((),) + plain)
@@ -301,8 +297,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
-        config["revisit"] = self.revisit
-        config = {**config, "path_normalised": True} if self.path_normalised else config
+        config = {**config, "revisit": self.revisit, **({"path_normalised": True} if self.path_normalised else {})}
         if self.answer_symbols is not None:
             config["answer_symbols"] = self.answer_symbols.tolist()
         config = {**config, **self._posterior_config()}
@@ -320,8 +315,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
             f"an embedded head (embed_dim={self.embed_dim}: symbol embeddings)"
 
     def checkpoint_mismatch(self, config: dict, state_dict: dict) -> Optional[str]:
-        """Why a checkpoint's parameters cannot load into this head, with what to do; None if they can
-        (:func:`.fact_checkpoints.checkpoint_mismatch`)."""
+        """Why a checkpoint cannot load into this head, with what to do, or None (:func:`.fact_checkpoints`'s)."""
         return fact_checkpoints.checkpoint_mismatch(self, config, state_dict)
 
     def svi_defaults(self) -> dict:
@@ -332,13 +326,12 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         ``copy_by_question`` (:data:`COPY_DECAY`; 1e-2, :data:`HELD_COPY_DECAY`, in a start that holds the word-order
         terms at 0: :meth:`start_variant`), and in a table head 3e-3 on ``copy_by_symbol`` (3e-2 in an embedded
         head), on ``frame_content`` (:data:`FRAME_DECAY`), ``last_fact_kind`` and the order terms by the previous
-        fact's symbols (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md, the copy's
-        question terms, the frame table and the order terms' decay).
-        Adam steps every table entry as far as a shared weight, so without the prior the tables memorise the
-        training symbols as fast as the equality weights learn the rule; the prior pulls an entry back in
-        proportion to how rarely it is used, and leaves
-        the equality, order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets
-        the tables memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
+        fact's symbols (:data:`ORDER_BY_SYMBOL`) (a Gaussian prior of precision ``n`` times the decay; docs/facts.md, the
+        copy's question terms, the frame table and the order terms' decay). Adam steps every table entry as far as a
+        shared weight, so without the prior the tables memorise the training symbols as fast as the equality weights
+        learn the rule; the prior pulls an entry back in proportion to how rarely it is used, and leaves the equality,
+        order and mixing weights, which carry over to symbols never seen, free; a weaker decay lets the tables
+        memorise entities and fail on unseen ones (the default's held-out accuracy on unseen entities:
         ``benchmarks/results/facts_learning.md``). The emission tables are not decayed: where the answer's form
         never occurs in a fact (a language that inflects nouns) only they can produce it, and a decay there pulls
         that mapping back towards uniform (bAbI through this head: ``benchmarks/results/babi_facts.md``). An embedded
@@ -363,7 +356,6 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         return {"num_steps": steps, "lr": 0.1, "lr_decay": 0.1, "batch_size": None,
                 "weight_decay": self._posterior_decay(decay)}
 
-    # -- validation -----------------------------------------------------------------------------------------
     def check_observations(self, obs, name: str = "obs") -> FactObservations:
         """Raise ``TypeError``/``ValueError`` naming the field if ``obs`` does not fit this head."""
         if not isinstance(obs, FactObservations):
@@ -516,10 +508,11 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         F, L, S, P = self.num_fields, self.n_hops, self.num_symbols, self.max_question_len
 
         def extra_elements(N: int) -> float:
-            # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a
-            # hop and the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and
-            # matches and mention ages, the pattern's (P F) counts and their product with it
-            return (2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + P * N * (5 * F + 3) + self.part_elements(N) + self.register_elements(N)
+            # the chunk's pair indices (F^2 N^2, int32, kept for every hop) and a gather, the order terms of a hop and
+            # the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and matches and
+            # mention ages, the pattern's (P F) counts and their product with it; an answer per hop, a register
+            return ((2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + P * N * (5 * F + 3)
+                    + self.part_elements(N) + self.register_elements(N))
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
@@ -594,7 +587,8 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         return (f"n_hops={self.n_hops}, num_fields={self.num_fields}, num_symbols={self.num_symbols}, "
                 f"max_question_len={self.max_question_len}, max_distance={self.max_distance}"
                 + ("" if self.embed_dim is None else f", embed_dim={self.embed_dim}")
-                + ("" if self.answer_symbols is None else f", num_answers={self.num_answers}"))
+                + ("" if self.answer_symbols is None else f", num_answers={self.num_answers}")
+                + (f", register_counts={self.num_counts}" if self.uses_register else ""))
 
 
 # Moved to fact_truth (the generating structure of fact_chain_task); the old path is kept for one release.
