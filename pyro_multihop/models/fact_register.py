@@ -115,7 +115,7 @@ def held_bits(log_set, log_clear, log_keep, order, ids, first):
 
 def count_probs(log_held, log_free, num_counts: int) -> torch.Tensor:
     """``(c, M, R)``: ``P(min(sum_o held_o, R - 1) = r)`` of independent bits, by a tree of truncated convolutions."""
-    dist = torch.zeros(*log_held.shape, num_counts, dtype=log_held.dtype)
+    dist = log_held.new_zeros(*log_held.shape, num_counts)
     dist[..., 0] = log_free.exp()
     if num_counts > 1:
         dist[..., 1] = log_held.exp()
@@ -211,7 +211,7 @@ def register_answer_log_probs(state: RegisterState, count_logits, set_logits, li
     log_w_set, log_w_count = _mixture_log_weights(state, set_logits)
     counted = (log_w_count.unsqueeze(-1) + count_logits.log_softmax(-1)).logsumexp(-2)  # (c, M, A)
     if answer_symbols is not None:
-        counted = torch.full((*counted.shape[:-1], num_symbols), MASKED_LOGIT, dtype=counted.dtype).scatter(
+        counted = counted.new_full((*counted.shape[:-1], num_symbols), MASKED_LOGIT).scatter(
             -1, answer_symbols.expand(*counted.shape[:-1], -1), counted)
     c, M, NF = state.log_odds.shape
     said = counted.new_zeros(c, M, num_symbols + 1).scatter_add(-1, state.symbol_of_id.unsqueeze(1).expand(c, M, NF),

@@ -215,3 +215,26 @@ def test_bad_registers_are_refused(register, message):
 def test_a_register_and_an_answer_per_hop_are_refused_together():
     with pytest.raises(ValueError, match="register and answer_parts cannot both be given"):
         FactAttention(2, F, S, register=REGISTER, answer_parts={5: [0, 1], 6: [1, 0]})
+
+
+def test_an_embedded_head_with_answers_says_counts_and_sets_in_every_form():
+    """An embedded head whose learnt emission gives three answers: the register's count table is over them, its sets
+    over every symbol; the prediction is a distribution, and at each target it is the likelihood (the engine's
+    mixture and its target form agree), with the register's share moving both."""
+    head = FactAttention(2, F, S, max_question_len=P, dtype=torch.float64, embed_dim=4, seed=0,
+                         answer_symbols=[0, 4, 6], register=REGISTER)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=g, dtype=torch.float64))
+    assert head.count_logits.shape == (3, 3)
+    obs = register_observations(seed=50)
+    proba = head.predict_proba(obs)
+    assert torch.allclose(proba.sum(-1), torch.ones(len(obs), dtype=torch.float64), atol=1e-9)
+    for symbol in (0, 2, 5):
+        at = obs.with_target(torch.full_like(obs.target, symbol))
+        assert torch.allclose(head.log_likelihood(at).exp(), proba[:, symbol], atol=1e-9, rtol=0)
+    before = head.log_likelihood(obs)
+    with torch.no_grad():
+        head.register_mix.fill_(-40.0)
+    assert not torch.allclose(head.log_likelihood(obs), before, atol=1e-6)
