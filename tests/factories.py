@@ -170,6 +170,24 @@ def random_fact_observations(n, N, F, M, S, seed=0, padded=True):
     return FactObservations(facts, question, target, fact_mask, field_mask, question_mask)
 
 
+def seeded_pick(seed):
+    """``pick(options)``: one of ``options``, drawn from a generator seeded ``seed`` (the simulated stories' draws;
+    ``pick.generator`` is that generator, for the other draws of the same story)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+    pick.generator = g
+    return pick
+
+
+def story_tensors(n, num_facts, num_fields, question_len):
+    """``(facts (n, num_facts, num_fields), question (n, question_len), target (n,))`` of zeros, long: a simulated
+    story's tensors, filled row by row."""
+    return (torch.zeros(n, num_facts, num_fields, dtype=torch.long), torch.zeros(n, question_len, dtype=torch.long),
+            torch.zeros(n, dtype=torch.long))
+
+
 def random_fact_head(L, F, S, P, seed=0, scale=1.0, max_distance=3):
     """A float64 ``FactAttention`` with every parameter seeded standard normal times ``scale`` (``mention_slopes``
     negated where positive: the score holds them at or below 0, so a positive one would test nothing), and every

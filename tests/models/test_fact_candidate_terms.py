@@ -10,6 +10,7 @@ import torch
 from pyro_multihop import FactAttention, FactObservations, fit_svi
 from pyro_multihop.models.fact_features import FactFeatures
 from pyro_multihop.models.fact_parameters import frame_symbols_of
+from tests import factories
 
 PLACES, OBJECTS = 5, 3
 MOVES = [PLACES + OBJECTS + k for k in range(3)]
@@ -24,14 +25,9 @@ def latest_move_task(n, entities, seed, num_facts=6):
     """Facts ``(entity, move verb, place)`` or ``(entity, take verb, object)``; the question names an entity that
     moved; the answer is the place of its latest move (taking an object moves nobody). The generating rule answers
     every question."""
-    g = torch.Generator().manual_seed(seed)
-
-    def pick(options):
-        return options[int(torch.randint(len(options), (1,), generator=g))]
-
-    facts = torch.zeros(n, num_facts, 3, dtype=torch.long)
-    question = torch.zeros(n, 1, dtype=torch.long)
-    target = torch.zeros(n, dtype=torch.long)
+    pick = factories.seeded_pick(seed)
+    g = pick.generator
+    facts, question, target = factories.story_tensors(n, num_facts, 3, 1)
     for row in range(n):
         while True:
             who = [pick(entities) for _ in range(num_facts)]

@@ -141,14 +141,8 @@ def holding_task(n, people, seed, num_facts=6):
     """Facts ``(person, take or drop, object)`` and ``(person, move, place)``; the question ``(ask, person)``; the
     answer what the person holds: nothing, an object, or a pair in the order the person first took them (the
     generating rule answers every question)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def pick(options):
-        return options[int(torch.randint(len(options), (1,), generator=g))]
-
-    facts = torch.zeros(n, num_facts, 3, dtype=torch.long)
-    question = torch.zeros(n, 2, dtype=torch.long)
-    target = torch.zeros(n, dtype=torch.long)
+    pick = factories.seeded_pick(seed)
+    facts, question, target = factories.story_tensors(n, num_facts, 3, 2)
     for row in range(n):
         holder, first = {}, {}
         for i in range(num_facts):
