@@ -30,6 +30,7 @@ from .moved_names import deprecated_aliases
 from .recursion import recurse
 
 __all__ = [
+    "floored_log",
     "HopChain",
     "LogChunkPosterior",
     "draw_by_inverse_cdf",
@@ -55,6 +56,12 @@ MASKED_LOGIT = -1e30
 # A path score at or below this went through a padding factor (or a -inf emission): probability zero.
 # Scores of real paths are sums of L + 1 log-probabilities, never anywhere near -5e29.
 _IMPOSSIBLE_SCORE = MASKED_LOGIT / 2
+
+
+def floored_log(probs: torch.Tensor) -> torch.Tensor:
+    """``log(probs)`` with each probability raised to the dtype's smallest normal number first: a probability that
+    is 0 gives a finite log (about -708 in float64) and a finite gradient."""
+    return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
 
 
 def masked_log_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..data import FactObservations
-from ..engine.log_space import MASKED_LOGIT
+from ..engine.log_space import MASKED_LOGIT, floored_log
 from ..gate_ops import table_gather
 from . import fact_comparison as comparison
 from . import fact_copy
@@ -41,7 +41,7 @@ class FactEmission:
         if self.answer_symbols is not None:  # (c, N, A) -> (c, N, S)
             probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
         probs = probs.scatter_add(-1, obs.facts, copies)
-        log_probs = (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log()
+        log_probs = floored_log(probs / total)
         return self.with_register(log_probs, lambda: self.register_answer_log_probs(obs))
 
     def _learnt_probs(self, obs: FactObservations, tables: torch.Tensor, compares: torch.Tensor,
@@ -100,7 +100,7 @@ class FactEmission:
             compared = comparison.comparison_log_probs(matches, answer, self._comparison_logits(),
                                                        self.compare_bias).exp()
             probs = probs + compares * (compared.unsqueeze(-1) * emitted)
-        log_probs = (probs / total).clamp_min(torch.finfo(probs.dtype).tiny).log().squeeze(-1)
+        log_probs = floored_log(probs / total).squeeze(-1)
         return self.with_register(log_probs, lambda: self.register_target_log_probs(obs))
 
     def _mixture_weights(self, obs: FactObservations):

@@ -170,9 +170,9 @@ def parameter_shapes(embed_dim: Optional[int] = None, embedding_posterior: str =
     return shapes
 
 
-def shape_of(spec: str, L: int, F: int, S: int, P: int, D: int = 0, A: Optional[int] = None) -> tuple:
-    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F + 1": 2 * F + 1, "2": 2, "D": D,
-             "A": S if A is None else A}
+def shape_of(spec: str, L: int, F: int, S: int, P: int, D: int = 0, A: Optional[int] = None, R: int = 0) -> tuple:
+    names = {"L": L, "L - 1": L - 1, "F": F, "S": S, "P": P, "2 F + 1": 2 * F + 1, "1": 1, "2": 2, "3": 3, "D": D,
+             "A": S if A is None else A, "R": R}
     return tuple(names[part.strip()] for part in spec.strip("()").split(",") if part.strip())
 
 

@@ -38,16 +38,13 @@ from typing import NamedTuple
 
 import torch
 
-from ..engine.log_space import MASKED_LOGIT
+from ..engine.log_space import MASKED_LOGIT, floored_log
+from .fact_parameters import shape_of
 
 __all__ = ["RegisterState", "occurrence_log_probs", "held_bits", "count_probs", "register_state",
            "register_answer_log_probs", "register_target_log_probs", "SET", "CLEAR", "KEEP"]
 
 SET, CLEAR, KEEP = 0, 1, 2
-
-
-def _tiny_log(probs: torch.Tensor) -> torch.Tensor:
-    return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
 
 
 def _symbol_rows(table: torch.Tensor) -> torch.Tensor:
@@ -56,10 +53,10 @@ def _symbol_rows(table: torch.Tensor) -> torch.Tensor:
 
 
 def occurrence_log_probs(fields, real_fields, question, real_tokens, by_fact_symbol, by_object, by_field_pair):
-    """``(log P(e = set), log P(e = clear), log P(e = keep))``, each ``(c, M, N F)``, of every occurrence (fact
-    ``i``, field ``g``) flattened as ``i F + g`` (story order), for the register following question token ``m``: a
-    candidate (its fact names ``q_m`` elsewhere) has the module's softmax, anything else keeps (``MASKED_LOGIT``,
-    ``MASKED_LOGIT``, 0).
+    """``(log P(e = set), log P(e = clear), log P(e = keep), candidate)``, each ``(c, M, N F)``, of every occurrence
+    (fact ``i``, field ``g``) flattened as ``i F + g`` (story order), for the register following question token ``m``:
+    a ``candidate`` (its fact names ``q_m`` elsewhere) has the module's softmax, anything else keeps
+    (``MASKED_LOGIT``, ``MASKED_LOGIT``, 0).
 
     ``fields`` ``(c, N, F)`` and ``question`` ``(c, M)`` with padding as ``S``; ``real_fields`` ``(c, N, F)``,
     ``real_tokens`` ``(c, M)`` bool; ``by_fact_symbol``, ``by_object`` ``(S, 3)``; ``by_field_pair`` ``(F, F, 3)``."""
@@ -74,7 +71,7 @@ def occurrence_log_probs(fields, real_fields, question, real_tokens, by_fact_sym
     candidate = candidate.flatten(2)
     masked = torch.full_like(log_probs[..., 0], MASKED_LOGIT)
     return (torch.where(candidate, log_probs[..., SET], masked), torch.where(candidate, log_probs[..., CLEAR], masked),
-            torch.where(candidate, log_probs[..., KEEP], torch.zeros_like(masked)))
+            torch.where(candidate, log_probs[..., KEEP], torch.zeros_like(masked)), candidate)
 
 
 def symbol_slots(fields: torch.Tensor, num_symbols: int):
@@ -90,10 +87,10 @@ def symbol_slots(fields: torch.Tensor, num_symbols: int):
     return order, ids, first, symbol_of_id
 
 
-def held_bits(log_set, log_clear, log_keep, order, ids, first):
-    """``(log P(held = 1), log P(held = 0), candidate)``, each ``(c, M, N F)`` by symbol number (``ids``): a symbol's
-    bit from its occurrences' events, exactly (the last event that is not keep decides; none: 0). ``candidate``:
-    whether the symbol has an occurrence that can change it."""
+def held_bits(log_set, log_clear, log_keep, candidate, order, ids, first):
+    """``(log P(held = 1), log P(held = 0), movable)``, each ``(c, M, N F)`` by symbol number (``ids``): a symbol's
+    bit from its occurrences' events, exactly (the last event that is not keep decides; none: 0). ``movable``:
+    whether the symbol has an occurrence that can change it (a ``candidate`` one)."""
     c, M, NF = log_set.shape
     sort = order.unsqueeze(1).expand(c, M, NF)
     slot_ids = ids.unsqueeze(1).expand(c, M, NF)
@@ -108,9 +105,8 @@ def held_bits(log_set, log_clear, log_keep, order, ids, first):
     clear_last = (log_clear.gather(-1, sort) + later).exp()
     held = torch.zeros_like(set_last).scatter_add(-1, slot_ids, set_last)
     free = torch.zeros_like(set_last).scatter_add(-1, slot_ids, clear_last) + total.to(log_set.dtype).exp()
-    movable = torch.zeros_like(set_last).scatter_add(-1, slot_ids,
-                                                     (log_set.gather(-1, sort) > MASKED_LOGIT / 2).to(set_last.dtype))
-    return _tiny_log(held), _tiny_log(free), movable > 0
+    movable = torch.zeros_like(set_last).scatter_add(-1, slot_ids, candidate.gather(-1, sort).to(set_last.dtype))
+    return floored_log(held), floored_log(free), movable > 0
 
 
 def count_probs(log_held, log_free, num_counts: int) -> torch.Tensor:
@@ -156,9 +152,9 @@ def register_state(fields, real_fields, question, real_tokens, token_logits, by_
     token, ``MASKED_LOGIT`` at padding), ``list_parts`` ``(H, K)`` the part symbols of each list answer in the order
     it says them (padding ``-1`` after them); the other arguments as :func:`occurrence_log_probs`."""
     order, ids, first, symbol_of_id = symbol_slots(fields, by_fact_symbol.shape[0])
-    log_set, log_clear, log_keep = occurrence_log_probs(fields, real_fields, question, real_tokens, by_fact_symbol,
-                                                        by_object, by_field_pair)
-    log_held, log_free, movable = held_bits(log_set, log_clear, log_keep, order, ids, first)
+    log_set, log_clear, log_keep, candidate = occurrence_log_probs(fields, real_fields, question, real_tokens,
+                                                                   by_fact_symbol, by_object, by_field_pair)
+    log_held, log_free, movable = held_bits(log_set, log_clear, log_keep, candidate, order, ids, first)
     # the count reads the symbols that can be held alone (a few a row, of N F numbers): the others' bits are 0
     width = max(1, int(movable.sum(-1).max()))
     kept = movable.to(torch.int8).topk(width, dim=-1, sorted=False).indices
@@ -170,7 +166,7 @@ def register_state(fields, real_fields, question, real_tokens, token_logits, by_
     slot_ids = torch.empty_like(ids).scatter_(-1, order, ids).unsqueeze(1).expand(c, M, NF)
     times = torch.arange(NF, device=fields.device).expand(c, M, NF)
     first_time = torch.full_like(times, NF).scatter_reduce(
-        -1, slot_ids, torch.where(log_set > MASKED_LOGIT / 2, times, torch.full_like(times, NF)), "amin")
+        -1, slot_ids, torch.where(candidate, times, torch.full_like(times, NF)), "amin")
     # a list answer's parts in each row: the symbol number holding each part (all found, or the list is not sayable)
     H, K = list_parts.shape
     if H:
@@ -188,7 +184,7 @@ def register_state(fields, real_fields, question, real_tokens, token_logits, by_
     else:
         list_log_odds = log_odds.new_zeros(*log_odds.shape[:2], 0)
     log_z = torch.cat([log_odds, list_log_odds], -1).logsumexp(-1)  # (c, M)
-    return RegisterState(token_logits.log_softmax(-1), _tiny_log(counts), log_odds, symbol_of_id, list_log_odds,
+    return RegisterState(token_logits.log_softmax(-1), floored_log(counts), log_odds, symbol_of_id, list_log_odds,
                          log_z)
 
 
@@ -219,7 +215,7 @@ def register_answer_log_probs(state: RegisterState, count_logits, set_logits, li
     if len(list_answers):
         said = said.scatter_add(-1, list_answers.expand(c, M, -1),
                                 (state.list_log_odds - state.log_z.unsqueeze(-1)).exp())
-    said = _tiny_log(said[..., :num_symbols])
+    said = floored_log(said[..., :num_symbols])
     per_token = torch.logaddexp(log_w_set.unsqueeze(-1) + said, counted)
     return (state.token_log_weights.unsqueeze(-1) + per_token).logsumexp(-2)
 
@@ -302,11 +298,9 @@ class HeldRegister:
         self.num_counts = counts
         self.register_buffer("list_answers", answers, persistent=False)
         self.register_buffer("list_parts", parts, persistent=False)
-        sizes = {"P": self.max_question_len, "S": self.num_symbols, "F": self.num_fields, "R": counts,
-                 "A": self.num_answers}
         for name, spec in REGISTER_SHAPES.items():
-            shape = tuple(sizes[size.strip()] if size.strip() in sizes else int(size)
-                          for size in spec.strip("()").split(",") if size.strip())
+            shape = shape_of(spec, self.n_hops, self.num_fields, self.num_symbols, self.max_question_len,
+                             A=self.num_answers, R=counts)
             value = torch.zeros(shape, dtype=dtype)
             if name == "register_by_field_pair":
                 value[..., KEEP] = KEEP_START
