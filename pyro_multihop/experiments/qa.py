@@ -198,6 +198,23 @@ def hop_answer_parts(records: Sequence[QARecord], vocabulary: QAVocabulary, n_ho
     return {vocabulary.index(answer): [numbers[part] for part in parts] for answer, parts in sorted(split.items())}
 
 
+def comparison_note(starts: int) -> str:
+    """The note ``qa`` and ``babi`` print where answers outside the facts turn the emission's comparison on: what
+    its ``starts`` starts are (the default fits eight, :data:`command_defaults.COMPARISON_STARTS`)."""
+    scheme = ("with and without it, from the equality weights at 1 and at 0, with and without the word-order terms")
+    default = command_defaults.COMPARISON_STARTS
+    if starts == 1:
+        said = f"1 start, the head's own, with it (--starts {default}: {scheme})"
+    elif starts < default:
+        said = f"{starts} starts, the first {starts} of the default {default} ({scheme}), the best held-out " \
+               "log-likelihood kept"
+    else:
+        extra = f", {starts - default} more perturbed" if starts > default else ""
+        said = f"{starts} starts, {scheme}{extra}, the best held-out log-likelihood kept"
+    return f"note: the emission's comparison is on, since some training answers occur in no fact; {said} " \
+           "(--no-comparison: off)"
+
+
 def list_register(records: Sequence[QARecord], vocabulary: QAVocabulary) -> Optional[dict]:
     """A held-set register (``FactAttention``'s ``register``) where some training answers are lists (two or more
     parts separated by :data:`ANSWER_PART_SEPARATOR`, every part a symbol of the vocabulary) and the answers are not
@@ -429,10 +446,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         _report(log, answers_outside_facts_message(train_records, "training"))
         _report(log, answers_outside_facts_message(test_records, "test"))
     if chosen and comparison and log is not None:
-        log(f"note: the emission's comparison is on, since some training answers occur in no fact; {starts} starts, "
-            "with and without it, from the equality weights at 1 and at 0, with and without the word-order terms, the "
-            "best held-out log-likelihood kept "
-            "(--no-comparison: off)")
+        log(comparison_note(starts))
     if parts is not None and log is not None:
         log(f"note: every training answer has {n_hops} parts (separated by {ANSWER_PART_SEPARATOR!r}): the answer is "
             "said per hop, part l by the fact hop l attends" + (", and the hops are normalised over whole paths "

@@ -1,6 +1,7 @@
 """``pyro-multihop qa --starts K`` and the diagnostics of a qa run: every start recorded in results.json with the
 best held-out one kept, a run that did not get going printed and recorded, the findings as warnings without a log."""
 
+import dataclasses
 import json
 import random
 
@@ -11,7 +12,7 @@ from pyro_multihop.checkpoint import load_checkpoint
 from pyro_multihop.cli import main
 from pyro_multihop.datasets.qa_jsonl import QARecord, write_qa_jsonl
 from pyro_multihop.diagnostics import FlatHopWarning
-from pyro_multihop.experiments.qa import load_qa_checkpoint, run_qa
+from pyro_multihop.experiments.qa import comparison_note, load_qa_checkpoint, run_qa
 
 
 def home_records(n, seed, alias=False):
@@ -85,3 +86,27 @@ def test_run_qa_without_a_log_warns_its_findings(tmp_path):
     with pytest.warns(FlatHopWarning, match="hop 1's posterior is flat"):
         results = run_qa(train, test, 1, tmp_path / "api", steps=1)
     assert [record["kind"] for record in results["diagnostics"]] == ["flat_hop"]
+
+
+@pytest.mark.parametrize("starts", [1, 3, 8])
+def test_the_comparison_note_says_the_starts_that_are_fitted(tmp_path, capsys, starts):
+    """Answers outside the facts turn the comparison on; the note names the starts the run fits, not the default's
+    eight when fewer are asked (``--starts 1`` once printed "1 starts, with and without it, ...")."""
+    records = [dataclasses.replace(record, answer="yes") if index % 2 else record
+               for index, record in enumerate(home_records(24, 2))]
+    train = write_qa_jsonl(records, tmp_path / "train.jsonl")
+    test = write_qa_jsonl(records[:4], tmp_path / "test.jsonl")
+    assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "1", "--steps", "1", "--starts",
+                 str(starts), "--processes", "1", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "comparison is on" in line]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["comparison"] and len(results.get("starts", [None])) == starts
+    assert notes == [f"pyro-multihop: {comparison_note(starts)}"]
+    said = notes[0]
+    if starts == 1:
+        assert "; 1 start, the head's own, with it (--starts 8: " in said
+    elif starts < 8:
+        assert f"; {starts} starts, the first {starts} of the default 8 (with and without it," in said
+    else:
+        assert "; 8 starts, with and without it, from the equality weights at 1 and at 0, with and without the " \
+               "word-order terms, the best held-out log-likelihood kept (--no-comparison: off)" in said
