@@ -45,8 +45,8 @@ from typing import Callable, Optional, Sequence
 
 from .experiments import command_defaults as defaults
 from .experiments.command_defaults import FACTS_SUFFIX, TABLE_SUFFIXES
-from .experiments.qa_command import (add_comparison_argument, add_path_normalised_argument, add_qa_parser,
-                                      add_starts_arguments, print_note)
+from .experiments.qa_command import (add_comparison_argument, add_composition_argument, add_path_normalised_argument,
+                                      add_qa_parser, add_starts_arguments, print_note)
 
 __all__ = ["main"]
 
@@ -327,6 +327,7 @@ def _babi_arguments(babi: argparse.ArgumentParser) -> None:
     babi.add_argument("--batch-size", type=_positive_int, default=None, help="questions per SVI step (default: all)")
     add_comparison_argument(babi)
     add_path_normalised_argument(babi)
+    add_composition_argument(babi, _positive_int)
     babi.add_argument("--memory", type=_positive_int, default=defaults.BABI_MEMORY,
                       help=f"statements kept before each question (default: {defaults.BABI_MEMORY})")
     babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")

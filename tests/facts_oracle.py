@@ -178,9 +178,41 @@ def register(p, obs, row):
     return out
 
 
-def emission(p, obs, row, i, register_probs=None):
-    """``(S,)`` ``log p(target | fact i)`` from the mixture's definition (``register_probs``: the row's
-    :func:`register`, computed here where the head has one and it is not given)."""
+def composition(p, obs, row):
+    """``(S,)`` ``p_composition(target)`` of the composition of two facts from its definition: a loop over every
+    ordered pair of distinct real facts (the fact with itself in a row of one), every question token and field."""
+    real = [i for i in range(obs.num_facts) if bool(obs.full_mask()[row, i])]
+    tokens = [(m, int(obs.question[row, m])) for m in range(obs.question_len) if bool(obs.real_tokens()[row, m])]
+    last = p["max_question_len"] - 1
+
+    def side_of(m):  # +1 at the first question position, -1 at the P-th and past it
+        return 1.0 if last == 0 else 1.0 - 2.0 * min(m, last) / last
+
+    def stated(i):
+        return sum(p["composition_relation"][symbol] for symbol in real_field_symbols(obs, row, i).values())
+
+    asked = sum(p["composition_question"][q] for _, q in tokens)
+
+    def role(i, j):
+        other = set(real_field_symbols(obs, row, j).values())
+        score = 0.0
+        for m, q in tokens:
+            for b, symbol in real_field_symbols(obs, row, i).items():
+                if symbol == q and q not in other:
+                    score = score + p["composition_gate"][q] * side_of(m) * p["composition_side"][b]
+        return torch.tanh(3.0 * torch.as_tensor(score, dtype=torch.float64))
+
+    pairs = [(i, j) for i in real for j in real if i != j] or [(i, i) for i in real]
+    probs = 0.0
+    for i, j in pairs:
+        a = role(i, j) * torch.dot(stated(i), asked) + role(j, i) * torch.dot(stated(j), asked)
+        probs = probs + torch.softmax(p["composition_bias"] + p["composition_out"] * a, 0) / len(pairs)
+    return _on_symbols(probs, p)
+
+
+def emission(p, obs, row, i, register_probs=None, composition_probs=None):
+    """``(S,)`` ``log p(target | fact i)`` from the mixture's definition (``register_probs``, ``composition_probs``:
+    the row's :func:`register` and :func:`composition`, computed here where the head has one and it is not given)."""
     fi = real_field_symbols(obs, row, i)
     F = obs.num_fields
     mix = torch.softmax(p["emission_mix"], 0)
@@ -199,6 +231,10 @@ def emission(p, obs, row, i, register_probs=None):
     if p.get("register") is not None:
         rho = torch.sigmoid(p["register_mix"][0])
         probs = (1 - rho) * probs + rho * (register(p, obs, row) if register_probs is None else register_probs)
+    if p.get("composition") is not None:
+        kappa = torch.sigmoid(p["composition_mix"][0])
+        probs = (1 - kappa) * probs + kappa * (composition(p, obs, row) if composition_probs is None
+                                               else composition_probs)
     return torch.log(probs)
 
 
@@ -208,7 +244,8 @@ def path_tables(head, obs, params=None):
     p = params if params is not None else {k: v.detach().double() for k, v in head.named_parameters()}
     p = {**p, "answer_symbols": getattr(head, "answer_symbols", None), "revisit": head.revisit,
          "frame_symbols": getattr(head, "frame_symbols", torch.zeros(head.num_symbols, dtype=torch.bool)),
-         "register": head.register_config() if getattr(head, "uses_register", False) else None}
+         "register": head.register_config() if getattr(head, "uses_register", False) else None,
+         "composition": getattr(head, "composition_dim", None), "max_question_len": head.max_question_len}
     D = head.max_distance
     tables, predictive = [], []
     for row in range(len(obs)):
@@ -218,7 +255,8 @@ def path_tables(head, obs, params=None):
             for i in real:
                 gates[(hop, i)] = gate(p, obs, row, hop, i, D)
         register_probs = register(p, obs, row) if p["register"] is not None else None
-        emissions = {i: emission(p, obs, row, i, register_probs) for i in real}
+        composition_probs = composition(p, obs, row) if p["composition"] is not None else None
+        emissions = {i: emission(p, obs, row, i, register_probs, composition_probs) for i in real}
         table, mixture = {}, 0.0
         for path in itertools.product(real, repeat=head.n_hops):
             if any(path[hop] not in gates[(hop, path[hop - 1])] for hop in range(1, head.n_hops)):

@@ -234,7 +234,7 @@ def list_register(records: Sequence[QARecord], vocabulary: QAVocabulary) -> Opti
 def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, check_memory: bool = True,
                embed_dim: Optional[int] = None, seed: int = 0, comparison: bool = False, answer_symbols=None,
                embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False,
-               register=None):
+               register=None, composition: Optional[int] = None):
     """The structured-facts head (:class:`~pyro_multihop.models.facts.FactAttention`) sized for
     ``vocabulary``: ``n_hops`` hops over facts of ``vocabulary.num_fields`` fields, one table of
     ``vocabulary.num_symbols`` symbols, ``max_question_len`` question positions (a longer question shares
@@ -246,8 +246,9 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     ``frame_symbols``: a table head's frame symbols (``FactAttention``'s; :func:`run_qa` passes those that no
     training question or answer names); ``answer_parts``: an answer per hop (``FactAttention``'s; :func:`run_qa` passes
     :func:`hop_answer_parts`); ``path_normalised``: one softmax over whole hop paths (``FactAttention``'s);
-    ``register``: a held-set register (``FactAttention``'s; :func:`run_qa` passes :func:`list_register`). With
-    ``check_memory``, :func:`check_head_memory` runs first."""
+    ``register``: a held-set register (``FactAttention``'s; :func:`run_qa` passes :func:`list_register`);
+    ``composition``: a composition of two facts of that dimension (``FactAttention``'s). With ``check_memory``,
+    :func:`check_head_memory` runs first."""
     if check_memory:
         num_parts = None if answer_parts is None else 1 + max(max(parts) for parts in answer_parts.values())
         check_head_memory(vocabulary, n_hops, max_question_len, embed_dim=embed_dim,
@@ -255,7 +256,8 @@ def facts_head(vocabulary: QAVocabulary, n_hops: int, max_question_len: int, che
     return FactAttention(n_hops, vocabulary.num_fields, vocabulary.num_symbols, max_question_len=max_question_len,
                          embed_dim=embed_dim, seed=seed if embed_dim is not None else None, comparison=comparison,
                          answer_symbols=answer_symbols, embedded_symbols=embedded_symbols, frame_symbols=frame_symbols,
-                         answer_parts=answer_parts, path_normalised=path_normalised, register=register)
+                         answer_parts=answer_parts, path_normalised=path_normalised, register=register,
+                         composition=composition)
 
 
 class LengthGroupedFacts(FactObservations):
@@ -382,7 +384,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
            log: Optional[Callable[[str], None]] = None, hops: Optional[int] = None,
            embed_dim: Optional[int] = None, starts: Optional[int] = None, processes: Optional[int] = None,
            comparison: Optional[bool] = None, embed_min_count: Optional[int] = None,
-           path_normalised: Optional[bool] = None) -> dict:
+           path_normalised: Optional[bool] = None, composition: Optional[int] = None) -> dict:
     """Train the structured-facts head on ``train_records``, evaluate on ``test_records``, write the outputs
     of the module docstring into ``out`` (refused if it holds a checkpoint, unless ``resume``/``overwrite``);
     returns the results.
@@ -409,8 +411,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     default: :data:`~.command_defaults.COMPARISON_STARTS` where the comparison is on (starts 1 and 3 are the
     emission without it, starts 2 and 3 the equality weights at 0, starts 4-7 the same four with the word-order
     terms held at 0: ``FactAttention.start_variant``, so the held-out log-likelihood chooses whether the comparison
-    stays, where training starts and whether the word-order terms are used), else 1. ``hops``: the old name
-    of ``n_hops``, deprecated."""
+    stays, where training starts and whether the word-order terms are used), else 1. ``composition``: ``D``, a
+    composition of two facts in the emission (``FactAttention``'s; default None: off; ``results.json``'s
+    ``composition``). ``hops``: the old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if embed_min_count is not None and embed_dim is None:
         raise ValueError(f"embed_min_count needs embed_dim (a table head has no embedding), got {embed_min_count!r}")
@@ -439,7 +442,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     register = list_register(train_records, vocabulary) if parts is None else None  # lists: what a person holds
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
                       answer_symbols=answers, embedded_symbols=embedded, frame_symbols=frame, answer_parts=parts,
-                      register=register,
+                      register=register, composition=composition,
                       path_normalised=parts is not None if path_normalised is None else bool(path_normalised))
     test.require_answers("evaluating the test questions")
     if parts is None:  # an answer said per hop is never in a fact: its note below says how it is learnt
@@ -479,6 +482,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         "answer_per_hop": head.per_hop_answers,
         "path_normalised": head.path_normalised,
         "register": head.uses_register,
+        "composition": head.composition_dim,
         **({} if embedded is None else {"embed_min_count": embed_min_count,
                                         "embedded_symbols": int(embedded.sum())}),
         **findings,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import command_defaults
 
-__all__ = ["add_qa_parser", "add_comparison_argument", "add_path_normalised_argument", "add_starts_arguments",
+__all__ = ["add_qa_parser", "add_comparison_argument", "add_composition_argument", "add_path_normalised_argument", "add_starts_arguments",
            "qa_command", "babi_facts_command", "print_note"]
 
 
@@ -49,6 +49,7 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
                     f"ones do (default: {command_defaults.EMBED_MIN_COUNT}; 1: every symbol; docs/facts.md)")
     add_comparison_argument(qa)
     add_path_normalised_argument(qa)
+    add_composition_argument(qa)
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
@@ -78,6 +79,14 @@ def add_path_normalised_argument(command) -> None:
                          help="one softmax over whole hop paths (a CRF over the hops) in place of one per hop; "
                          "default: on where the answer is said per hop (every training answer has one "
                          "comma-separated part per hop)")
+
+
+def add_composition_argument(command, positive_int=int) -> None:
+    """``--composition D`` of ``qa`` and ``babi`` (``FactAttention(composition=D)``)."""
+    command.add_argument("--composition", type=positive_int, default=None, metavar="D",
+                         help="mix a composition of two facts into the emission (a yes / no from what two facts "
+                         "state together, relation vectors of D dimensions; 2 for a plane); default: off "
+                         "(docs/facts.md, \"A composition of two facts\")")
 
 
 def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None:
@@ -112,7 +121,7 @@ def qa_command(args) -> int:
                      resume=args.resume, overwrite=args.overwrite, figure_rows=args.figure_rows,
                      progress=not args.no_progress, log=print_note, embed_dim=args.embed_dim,
                      embed_min_count=args.embed_min_count, comparison=args.comparison, starts=args.starts,
-                     processes=args.processes, path_normalised=args.path_normalised)
+                     processes=args.processes, path_normalised=args.path_normalised, composition=args.composition)
     print(json.dumps(results))
     return 0
 
@@ -131,6 +140,6 @@ def babi_facts_command(args) -> int:
                              memory=args.memory, max_train=args.max_train, seed=args.seed, steps=args.steps, lr=args.lr,
                              batch_size=args.batch_size, overwrite=args.overwrite, progress=not args.no_progress,
                              log=print_note, starts=args.starts, processes=args.processes, comparison=args.comparison,
-                             path_normalised=args.path_normalised)
+                             path_normalised=args.path_normalised, composition=args.composition)
     print(json.dumps(results))
     return 0

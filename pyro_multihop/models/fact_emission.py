@@ -2,7 +2,8 @@
 fact the last hop attends, a mixture over the fact's real fields of a learnt table and a copy, and a comparison of
 question tokens with the fact's fields (the formula is in :mod:`.facts`; the copy's weights are :mod:`.fact_copy`,
 the comparison :mod:`.fact_comparison`, an embedded head's tables :mod:`.symbol_embedding`), with a head's
-``register`` mixed in (:mod:`.fact_register`: a count or a set, the same at every fact).
+``register`` mixed in (:mod:`.fact_register`: a count or a set, the same at every fact), then a head's
+``composition`` (:mod:`.fact_composition`: a yes / no from two facts composed, the same at every fact).
 
 Three forms, each for what a query needs: every target of every fact (:meth:`FactEmission.emission_log_probs`,
 ``(c, N, S)``: sampling), each row's target alone (:meth:`FactEmission.target_log_probs`, ``(c, N)``: the
@@ -42,7 +43,8 @@ class FactEmission:
             probs = probs.new_zeros(*probs.shape[:-1], self.num_symbols).index_add_(-1, self.answer_symbols, probs)
         probs = probs.scatter_add(-1, obs.facts, copies)
         log_probs = floored_log(probs / total)
-        return self.with_register(log_probs, lambda: self.register_answer_log_probs(obs))
+        log_probs = self.with_register(log_probs, lambda: self.register_answer_log_probs(obs))
+        return self.with_composition(log_probs, lambda: self.composition_answer_log_probs(obs))
 
     def _learnt_probs(self, obs: FactObservations, tables: torch.Tensor, compares: torch.Tensor,
                       matches) -> torch.Tensor:
@@ -101,7 +103,8 @@ class FactEmission:
                                                        self.compare_bias).exp()
             probs = probs + compares * (compared.unsqueeze(-1) * emitted)
         log_probs = floored_log(probs / total).squeeze(-1)
-        return self.with_register(log_probs, lambda: self.register_target_log_probs(obs))
+        log_probs = self.with_register(log_probs, lambda: self.register_target_log_probs(obs))
+        return self.with_composition(log_probs, lambda: self.composition_target_log_probs(obs))
 
     def _mixture_weights(self, obs: FactObservations):
         """``(table weights (c, N, F), copy weights (c, N, F), comparison weight (c, N, 1), their total (c, N, 1),
@@ -142,5 +145,9 @@ class FactEmission:
         if self.uses_register:  # the register's share, the same at every fact
             rho = torch.sigmoid(self.register_mix[0])
             mixture = (1 - rho) * mixture + rho * weights.sum(-1, keepdim=True) * self.register_answer_log_probs(obs).exp()
+        if self.uses_composition:  # the composition's share, the same at every fact
+            kappa = torch.sigmoid(self.composition_mix[0])
+            mixture = (1 - kappa) * mixture + kappa * weights.sum(-1, keepdim=True) \
+                * self.composition_answer_log_probs(obs).exp()
         return mixture
 

@@ -13,9 +13,9 @@ vocabulary of ``S`` symbols for facts, question and answer)::
                   │        │               │
             (facts (N, F), observed; every hop also reads the question)
 
-(``path_normalised=True``: one softmax over whole paths of the summed scores in place of one per hop;
-``answer_parts``: the target said one part per hop, :mod:`.fact_hop_answers`; ``register``: the count or the set of
-what the question's person holds mixed into the emission, :mod:`.fact_register`.)
+(``path_normalised=True``: one softmax over whole paths in place of one per hop; ``answer_parts``: the target said
+one part per hop, :mod:`.fact_hop_answers`; mixed into the emission, ``register``: the count or the set the question's
+person holds, :mod:`.fact_register`, and ``composition``: a yes / no from two facts composed, :mod:`.fact_composition`.)
 
 The score of candidate fact ``j`` at hop ``l``, given the fact ``i`` the previous hop attended, is a sum of
 learned terms (each a small function below; ``f_i^a`` is field ``a`` of fact ``i``, ``[.]`` an indicator,
@@ -43,16 +43,15 @@ at a time: "what is D of X" and "what is X D of" ask for facts that match the di
 arrangements, an exclusive or that no sum of single matches expresses (:meth:`FactAttention.pattern_term`).
 ``frame_content`` is one table for every field pair, over the *frame symbols* (``frame_symbols``: those that no
 training question and no training answer names, e.g. the time words of a story): what a pair of them says wherever the
-sentences put them ("this afternoon X ..." and "X ... this morning"); the entities that questions ask about and
-answers give stay out of it, so it cannot memorise them (:meth:`FactAttention.pair_term`); ``last_fact_kind`` weighs
-them alone in the last hop's candidate: the kind of fact an answer is read from (a move, not a pick-up). ``age_j``
-counts the real facts after ``j``, ``rank_j`` those before it; ``mention_age_j(q)`` the real facts after ``j`` that
-name ``q`` where ``j`` names it, 0 otherwise ("is X in Y?" asks about X's latest fact, not an older one that names Y
-too; the slope is held at or below 0: preferring a token's *older* mentions is what an idle hop learns,
-docs/facts.md); ``adjacent_logits``: the fact right before or right after the previous one, which the linear offset
-term cannot single out ("then they went ..." follows the fact that names them); ``near_before^a(i)``
-(``near_after^a(i)``) is the nearest real fact before (after) ``i`` whose field ``a`` equals ``f_i^a``.
-Padded facts get zero attention; padded fields and padded question tokens enter no term. The emission mixes, over the
+sentences put them; the entities that questions ask about and answers give stay out of it, so it cannot memorise them
+(:meth:`FactAttention.pair_term`); ``last_fact_kind`` weighs them alone in the last hop's candidate: the kind of fact
+an answer is read from (a move, not a pick-up). ``age_j`` counts the real facts after ``j``, ``rank_j`` those before
+it; ``mention_age_j(q)`` the real facts after ``j`` that name ``q`` where ``j`` names it, 0 otherwise ("is X in Y?"
+asks about X's latest fact, not an older one that names Y too, docs/facts.md); ``adjacent_logits``: the fact right
+before or right after the previous one, which the linear offset term cannot single out ("then they went ..." follows
+the fact that names them); ``near_before^a(i)`` (``near_after^a(i)``) is the nearest real fact before (after) ``i``
+whose field ``a`` equals ``f_i^a``. Padded facts get zero attention; padded fields and padded question tokens enter no
+term. The emission mixes, over the
 real fields ``a`` of the last fact, a learned table and a copy, and a comparison of question tokens with the fact's
 fields (:mod:`.fact_comparison`)::
 
@@ -66,12 +65,10 @@ fields (:mod:`.fact_comparison`)::
 with ``mix = softmax(emission_mix)`` over the ``2 F + 1`` components: how much a field's copy weighs depends on the
 symbol it would copy (a place, not a time word) and on the question (whether the question names that symbol, which
 field its words ask for: ``copy_logit`` in :mod:`.fact_copy`), how much the comparison weighs on the fact's symbols.
-The comparison answers from whether the question's chosen token equals a field (yes / no / maybe, in whatever
-symbols), so it needs no word list and carries over to symbols never seen. Every term depends on the previous hop only
-through its fact ``i``, so the hop latents form a Markov chain over facts: the likelihood, marginals, MAP and k-best
-paths, samples and entropy are exact (the engine's dense route, ``O(L N^2)`` per row). ``ChainedAttention`` is the
-special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0, 0]`` = its first score table,
-``content_tables[l, 1, 0]`` = the later ones, the emission the value field's table.
+Every term depends on the previous hop only through its fact ``i``, so the hop latents form a Markov chain over facts:
+the likelihood, marginals, MAP and k-best paths, samples and entropy are exact (the engine's dense route, ``O(L N^2)``
+per row). ``ChainedAttention`` is the special case ``F = 2`` (key, value), ``M = 1``, hop 1's ``question_tables[0,
+0]`` = its first score table, ``content_tables[l, 1, 0]`` = the later ones, the emission the value field's table.
 
 Memory: a chunk of ``c`` rows holds ``O(c N^2)`` numbers (field pair by field pair: never a ``(c, N, N, F, F)`` float
 tensor) beside its ``(F, F, c, N, N)`` int32 pair indices, shared by its hops and the backward; the emission holds
@@ -104,6 +101,7 @@ from . import fact_checkpoints, fact_comparison as comparison
 from .fact_comparison import FLIP_START
 from .fact_emission import FactEmission
 from .fact_hop_answers import HopAnswers
+from .fact_composition import PairComposition
 from .fact_register import HeldRegister
 from .fact_variational import EmbeddingPosterior
 from .fact_features import FactFeatures, FieldPairs, nearest_sharing, padded
@@ -120,7 +118,7 @@ __all__ = ["FactAttention", "nearest_sharing", "parameter_elements", "parameter_
 EM_REFUSAL = ("FactAttention has no closed-form EM: its equality weights, tables and order terms all sit inside each "
               "hop's softmax normaliser, so the M-step has no closed form; fit it by SVI (fit_svi)")
 
-class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, HopAttentionHead):
+class FactAttention(HopAnswers, HeldRegister, PairComposition, FactEmission, EmbeddingPosterior, HopAttentionHead):
     """L-hop exact attention over facts of ``F`` fields that reads every field and the whole question.
 
     The generative story and the terms of the score are in the module docstring; every parameter is an
@@ -128,7 +126,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
     and ``emission_mix`` uniform at 0 too) except the equality weights ``question_equality`` and ``field_equality``,
     at :data:`~.fact_parameters.EQUALITY_START`: the head starts out attending the facts that share symbols with
     the question and the previous fact (at 0, a chain of hops is a saddle that training does not leave; docs/facts.md,
-    "Where training starts"). A ``register``'s parameters start as :mod:`.fact_register` says.
+    "Where training starts"). A ``register``'s and a ``composition``'s parameters start as their modules say.
 
     :param int n_hops: ``L``.
     :param int num_fields: ``F``, fields per fact.
@@ -159,8 +157,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
     :param answer_symbols: None (default): the learnt parts of the emission (its tables and its comparison) put mass on
         every one of the ``S`` symbols. A sequence of ``A`` distinct symbols: on those alone (e.g. the training
         answers), so that their parameters are ``(.., A)`` and their normalisers cost ``O(A)``, not ``O(S)``; a target
-        outside them is emitted by a copy or not at all. A learnt table can give only answers that training showed, so
-        nothing else is lost (``pyro-multihop qa --embed-dim`` passes the training answers).
+        outside them is emitted by a copy or not at all (``pyro-multihop qa --embed-dim`` passes the training answers).
     :param embedded_symbols: ``embed_dim`` only. None (default): every symbol owns a row of ``E``. A bool sequence
         ``(S,)``: the symbols that do; the others' rows are 0 (:mod:`.fact_variational`), so that they enter the scores
         only through the equality terms, the copy and their ``O(S)`` vectors (``pyro-multihop qa --embed-dim`` passes
@@ -177,6 +174,8 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         still a Markov chain, every query exact): a hop-1 fact with no good way on loses its share.
     :param register: ``{"counts": R, "lists": [[answer symbol, [part symbols]], ...]}``: a held-set register in the
         emission, the count or the set that the question's person holds (:mod:`.fact_register`; default None: none).
+    :param composition: ``D``: a composition of two facts in the emission, a yes / no from what they state together
+        (:mod:`.fact_composition`; default None: none).
 
     Example::
 
@@ -192,7 +191,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
                  embed_dim: Optional[int] = None, seed: Optional[int] = None, comparison: bool = False,
                  answer_symbols=None, embedding_posterior: str = "point", annealing=None, revisit: bool = False,
                  embedded_symbols=None, frame_symbols=None, answer_parts=None, path_normalised: bool = False,
-                 register=None):
+                 register=None, composition: Optional[int] = None):
         super().__init__()
         self.comparison = bool(comparison)
         # False while a start holds the word-order terms at 0 (start_variant): left out of the scores, so they
@@ -250,6 +249,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
             self._set_parameter(name, value, initial_scale)
         self._answer_parts_option(answer_parts, dtype)
         self._register_option(register, dtype)
+        self._composition_option(composition, dtype)
 
     def start_variant(self, start: int) -> Optional[str]:
         """Start ``start`` of ``fit_svi(starts=K)``, set in place: the head's other starts, so that the held-out
@@ -292,17 +292,16 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
         return " and ".join(said)
 
     def config(self) -> dict:
-        """The constructor's arguments; ``embed_dim`` only for an embedded head, ``comparison`` only where it is on
-        (a checkpoint of either kind written before ``revisit`` loads through :meth:`config_from_checkpoint`)."""
+        """The constructor's arguments, the optional ones only where set (:meth:`config_from_checkpoint` reads older ones)."""
         config = {"n_hops": self.n_hops, "num_fields": self.num_fields, "num_symbols": self.num_symbols,
                   "max_question_len": self.max_question_len, "max_distance": self.max_distance}
         config = config if self.embed_dim is None else {**config, "embed_dim": self.embed_dim}
         config = {**config, "revisit": self.revisit, **({"path_normalised": True} if self.path_normalised else {})}
-        if self.answer_symbols is not None:
-            config["answer_symbols"] = self.answer_symbols.tolist()
+        config = config if self.answer_symbols is None else {**config, "answer_symbols": self.answer_symbols.tolist()}
         config = {**config, **self._posterior_config()}
         config = {**config, "answer_parts": self.answer_parts_config()} if self.per_hop_answers else config
         config = {**config, "register": self.register_config()} if self.uses_register else config
+        config = {**config, "composition": self.composition_dim} if self.uses_composition else config
         return {**config, "comparison": True} if self.comparison else config
 
     # what a checkpoint written by an earlier release means, and why one of the other kind cannot load
@@ -512,7 +511,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
             # the two neighbour masks, the emission's logaddexps, the question's (M, F, N) index and matches and
             # mention ages, the pattern's (P F) counts and their product with it; an answer per hop, a register
             return ((2 * F * F + 6 * max(L - 1, 1) + 2 * F + 2) * N * N + 6 * N * S + P * N * (5 * F + 3)
-                    + self.part_elements(N) + self.register_elements(N))
+                    + self.part_elements(N) + self.register_elements(N) + self.composition_elements(N))
 
         def embedded_elements(N: int) -> float:
             # the F^2 equality matches kept for the backward and the pair product, the order terms of a hop and
@@ -521,7 +520,7 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
             # the (c, N, S) emission of predict_proba itself; the normaliser's blocks take a quarter of the budget)
             D, A = self.embed_dim, self.num_answers
             return ((2 * F * F + 6 * max(L - 1, 1) + 4) * N * N + 4 * N * A + P * N * (5 * F + 3) + 4 * L * N * F * D
-                    + self.part_elements(N) + self.register_elements(N))
+                    + self.part_elements(N) + self.register_elements(N) + self.composition_elements(N))
 
         position_target = self.target_log_probs
         if self.embed_dim is not None:  # the emission's normalisers once per (field, symbol) of the query
@@ -588,7 +587,8 @@ class FactAttention(HopAnswers, HeldRegister, FactEmission, EmbeddingPosterior, 
                 f"max_question_len={self.max_question_len}, max_distance={self.max_distance}"
                 + ("" if self.embed_dim is None else f", embed_dim={self.embed_dim}")
                 + ("" if self.answer_symbols is None else f", num_answers={self.num_answers}")
-                + (f", register_counts={self.num_counts}" if self.uses_register else ""))
+                + (f", register_counts={self.num_counts}" if self.uses_register else "")
+                + (f", composition={self.composition_dim}" if self.uses_composition else ""))
 
 
 # Moved to fact_truth (the generating structure of fact_chain_task); the old path is kept for one release.
