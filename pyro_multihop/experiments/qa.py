@@ -457,6 +457,10 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     if register is not None and log is not None:
         log(f"note: {len(register['lists'])} training answers are lists (separated by {ANSWER_PART_SEPARATOR!r}): the "
             "emission mixes in a held-set register (what the question's person holds: its count or its set)")
+    if head.uses_composition and log is not None:
+        log(f"note: the emission mixes in a composition of two facts ({head.composition_dim} dimensions): a yes / no "
+            "from what two facts state together" + (f"; start 1 of the {starts} is the composition alone" if
+                                                    starts > 1 else ""))
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,

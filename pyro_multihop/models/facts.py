@@ -262,19 +262,19 @@ class FactAttention(HopAnswers, HeldRegister, PairComposition, FactEmission, Emb
         - Then the same starts again (the head's own first) with the word-order terms held at 0
           (:data:`~.fact_parameters.WORD_ORDER_TERMS`: the question's pattern and the frame table): starts 4-7
           with the comparison on, 2-3 without it.
+        - With a ``composition``, start 1 is the composition alone, the others one later (:mod:`.fact_composition`).
 
         The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from it a
         hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9; docs/facts.md,
-        "Where training starts"). The word-order terms let a hop read where the question's words stand in a fact
-        (bAbI task 4) and how a fact's frame words follow each other (task 14); from every start the pattern traps
-        tasks 9 and 15, and the frame table task 15 at 10k, whose fits without them have the better held-out
-        likelihood. Those starts fit ``copy_by_question`` under the stronger prior :data:`HELD_COPY_DECAY`."""
+        "Where training starts"). The word-order terms let a hop read where the question's words stand (task 4) and
+        how frame words follow each other (task 14); they trap tasks 9 and 15 from every start, and the frame table
+        task 15 at 10k. Those starts fit ``copy_by_question`` under the stronger prior :data:`HELD_COPY_DECAY`."""
         self.word_order = True
         plain = (("comparison",), ("zero",), ("zero", "comparison")) if self._comparison_weighs() else (("zero",),)
-        variants = plain + tuple(("held",) + variant for variant in ((),) + plain)
+        variants = self.composition_variants(plain + tuple(("held",) + variant for variant in ((),) + plain))
         if not 1 <= start <= len(variants):
             return None
-        said = []
+        said = self.composition_start(variants[start - 1])
         with torch.no_grad():
             if "held" in variants[start - 1]:
                 self.word_order = False

@@ -185,3 +185,16 @@ def test_an_embedded_head_with_answers_and_a_register_composes_in_every_form():
     for symbol in (0, 2, 4):
         at = obs.with_target(torch.full_like(obs.target, symbol))
         assert torch.allclose(head.log_likelihood(at).exp(), proba[:, symbol], atol=1e-9, rtol=0)
+
+
+def test_start_one_is_the_composition_alone_and_the_others_come_one_later():
+    """``fit_svi(starts=K)``'s start 1 of a head with a composition is the composition alone (its share 1 but
+    ``exp(-30)``: the likelihood is the composition's); starts 2.. are the head's other starts, in their order."""
+    head = composition_head(1, seed=4)
+    assert head.start_variant(1) == "the composition alone"
+    assert head.composition_mix.item() == fact_composition.ALONE_START
+    obs = factories.random_fact_observations(4, N, F, M, S, seed=95)
+    assert torch.allclose(head.log_likelihood(obs), head.composition_target_log_probs(obs), atol=1e-9, rtol=0)
+    for start in range(1, 9):
+        with_it = FactAttention(1, F, S, composition=2, comparison=True).start_variant(start + 1)
+        assert with_it == FactAttention(1, F, S, comparison=True).start_variant(start), start
