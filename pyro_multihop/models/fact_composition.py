@@ -1,6 +1,6 @@
-"""A composition of two facts in the structured-facts head's emission (:class:`~pyro_multihop.models.facts.FactAttention`'s
-``composition``): a yes / no answer from what two facts state together ("is A left of B?" after "A is above C" and
-"C is left of B"; "does A fit in B?" after "A fits inside C" and "B is bigger than C").
+"""A composition of two facts in the structured-facts head's emission (``FactAttention``'s ``composition``): a yes /
+no answer from what two facts state together ("is A left of B?" after "A is above C" and "C is left of B"; "does A fit
+in B?" after "A fits inside C" and "B is bigger than C").
 
 Generative story for one row (``N`` facts of ``F`` fields, question tokens ``q_1..q_M``, ``D`` dimensions, ``A``
 answers of the learnt emission)::
@@ -23,7 +23,8 @@ the same factor at every attended fact and every query of the engine stays exact
 register, :mod:`.fact_register`); ``p(target) = mean over pairs`` is exact, ``O(N^2 (M + A))`` a row. Why the
 question's side is a fixed ramp: learnt (a weight per position) it did not leave the start in a prototype on task 17
 (52-72 % of the test answers), held at the ramp 97-98 % (docs/babi.md). The ramp reads no word; the fields' sides,
-which words relate and what the question asks are learnt.
+which words relate and what the question asks are learnt. In the head's several starts, start 1 is the composition
+alone (:meth:`PairComposition.composition_variants`).
 """
 
 from __future__ import annotations
