@@ -235,3 +235,14 @@ def checkpoint_without(head, names, folder):
     del payload["sha256"]
     torch.save(payload, folder / "old.pt")
     return folder / "old.pt"
+
+
+def seeded_normal(head, seed):
+    """``head`` with every parameter drawn standard normal from a generator seeded ``seed`` (in place; returned), its
+    ``mention_slopes`` made non-positive, as the head bounds them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=g, dtype=parameter.dtype))
+        head.mention_slopes.copy_(-head.mention_slopes.abs())
+    return head

@@ -325,6 +325,20 @@ def pyro_model_losses(head, obs, expected, atol=1e-9):
     return enumerated, collapsed
 
 
+def assert_gradients_exact(head, obs, names):
+    """The gradients of the head's log-likelihood for the parameters ``names`` equal the oracle's (each non-zero);
+    then both Pyro models' losses equal the exact negative log-likelihood (:func:`pyro_model_losses`)."""
+    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
+    tables, _ = path_tables(head, obs, params)
+    log_likelihood(tables).sum().backward()
+    head.log_likelihood(obs).sum().backward()
+    for name in names:
+        got, want = getattr(head, name).grad, params[name].grad
+        assert torch.allclose(got, want, atol=1e-9, rtol=0), name
+        assert got.abs().sum() > 0, name
+    return pyro_model_losses(head, obs, -head.log_likelihood(obs).sum())
+
+
 def assert_marginals_and_map_exact(head, obs, expected, atol=1e-9):
     """Hop and pairwise marginals (one row a chunk) and the MAP paths given the target and of the prior equal
     :func:`summaries`' ``expected``."""

@@ -31,6 +31,7 @@ from .recursion import recurse
 
 __all__ = [
     "floored_log",
+    "log_mixture",
     "HopChain",
     "LogChunkPosterior",
     "draw_by_inverse_cdf",
@@ -62,6 +63,13 @@ def floored_log(probs: torch.Tensor) -> torch.Tensor:
     """``log(probs)`` with each probability raised to the dtype's smallest normal number first: a probability that
     is 0 gives a finite log (about -708 in float64) and a finite gradient."""
     return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+
+def log_mixture(log_probs: torch.Tensor, logit: torch.Tensor, other_log_probs: torch.Tensor) -> torch.Tensor:
+    """``log((1 - w) exp(log_probs) + w exp(other_log_probs))`` with ``w = sigmoid(logit)``, in log space: a
+    component ``other_log_probs`` mixed into ``log_probs`` (broadcast against each other)."""
+    return torch.logaddexp(log_probs + torch.nn.functional.logsigmoid(-logit),
+                           torch.nn.functional.logsigmoid(logit) + other_log_probs)
 
 
 def masked_log_softmax(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

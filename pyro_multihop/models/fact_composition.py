@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.log_space import MASKED_LOGIT
+from ..engine.log_space import MASKED_LOGIT, log_mixture
 from .fact_features import padded
 from .fact_parameters import shape_of
 
@@ -186,9 +186,7 @@ class PairComposition:
         ``(c, N, ...)`` with the composition's ``(c, ...)`` mixed in (``log_probs`` itself without it)."""
         if not self.uses_composition:
             return log_probs
-        kappa = self.composition_mix[0]
-        return torch.logaddexp(log_probs + torch.nn.functional.logsigmoid(-kappa),
-                               torch.nn.functional.logsigmoid(kappa) + composition_log_probs().unsqueeze(1))
+        return log_mixture(log_probs, self.composition_mix[0], composition_log_probs().unsqueeze(1))
 
     def composition_answer_log_probs(self, obs) -> torch.Tensor:
         """``(c, S)``: the composition's ``log p(t)`` of every symbol."""

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..engine.log_space import MASKED_LOGIT, floored_log
+from ..engine.log_space import MASKED_LOGIT, floored_log, log_mixture
 from .fact_parameters import shape_of
 
 __all__ = ["RegisterState", "occurrence_log_probs", "held_bits", "count_probs", "register_state",
@@ -326,9 +326,7 @@ class HeldRegister:
         ``(c, N, ...)`` with the register's ``(c, ...)`` mixed in (``log_probs`` itself without a register)."""
         if not self.uses_register:
             return log_probs
-        rho = self.register_mix[0]
-        return torch.logaddexp(log_probs + torch.nn.functional.logsigmoid(-rho),
-                               torch.nn.functional.logsigmoid(rho) + register_log_probs().unsqueeze(1))
+        return log_mixture(log_probs, self.register_mix[0], register_log_probs().unsqueeze(1))
 
     def register_answer_log_probs(self, obs) -> torch.Tensor:
         """``(c, S)``: the register's ``log p_register(t)`` of every symbol."""

@@ -18,12 +18,7 @@ N, F, M, S, P = 4, 3, 3, 7, 3
 def composition_head(L, seed=0, **options):
     """A float64 head with a composition of 2 dimensions, every parameter seeded standard normal."""
     head = FactAttention(L, F, S, max_question_len=P, max_distance=3, dtype=torch.float64, composition=2, **options)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in head.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=g, dtype=torch.float64))
-        head.mention_slopes.copy_(-head.mention_slopes.abs())
-    return head
+    return factories.seeded_normal(head, seed)
 
 
 def one_fact_in_row_0(obs):
@@ -45,16 +40,17 @@ def composition_case(request):
     obs = factories.random_fact_observations(5, N, F, M, S, seed=60 + L, padded=padded)
     if padded:
         obs = one_fact_in_row_0(obs)
-    tables, predictive = oracle.path_tables(head, obs)
-    return head, obs, tables, predictive, oracle.summaries(tables, N, L)
+    return head, obs
 
 
 def test_likelihood_predictive_marginals_and_map_equal_the_oracles(composition_case):
-    head, obs, tables, predictive, expected = composition_case
+    head, obs = composition_case
+    tables, predictive = oracle.path_tables(head, obs)
     oracle.assert_likelihood_exact(head, obs, oracle.log_likelihood(tables))
-    assert torch.allclose(head.predict_proba(obs), torch.stack(predictive), atol=1e-9, rtol=0)
-    assert torch.allclose(head.predict_proba(obs).sum(-1), torch.ones(len(obs), dtype=torch.float64), atol=1e-9)
-    oracle.assert_marginals_and_map_exact(head, obs, expected)
+    proba = head.predict_proba(obs)
+    assert torch.allclose(proba, torch.stack(predictive), atol=1e-9, rtol=0)
+    assert torch.allclose(proba.sum(-1), torch.ones(len(obs), dtype=torch.float64), atol=1e-9)
+    oracle.assert_marginals_and_map_exact(head, obs, oracle.summaries(tables, N, head.n_hops))
     before = head.log_likelihood(obs)
     with torch.no_grad():  # the composition's share moves the likelihood
         saved = head.composition_mix.clone()
@@ -67,15 +63,7 @@ def test_likelihood_predictive_marginals_and_map_equal_the_oracles(composition_c
 def test_gradients_and_pyro_losses_equal_the_oracles(L):
     head = composition_head(L, seed=7)
     obs = factories.random_fact_observations(4, N, F, M, S, seed=70 + L)
-    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
-    tables, _ = oracle.path_tables(head, obs, params)
-    oracle.log_likelihood(tables).sum().backward()
-    head.log_likelihood(obs).sum().backward()
-    for name in fact_composition.COMPOSITION_SHAPES:
-        got, want = getattr(head, name).grad, params[name].grad
-        assert torch.allclose(got, want, atol=1e-9, rtol=0), name
-        assert got.abs().sum() > 0, name
-    oracle.pyro_model_losses(head, obs, -head.log_likelihood(obs).sum())
+    oracle.assert_gradients_exact(head, obs, fact_composition.COMPOSITION_SHAPES)
 
 
 def test_the_question_sides_are_a_ramp_shared_past_the_last_position():

@@ -23,12 +23,7 @@ def register_head(L, seed=0, **options):
     """A float64 head with the register, every parameter seeded standard normal."""
     head = FactAttention(L, F, S, max_question_len=P, max_distance=3, dtype=torch.float64, register=REGISTER,
                          **options)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in head.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=g, dtype=torch.float64))
-        head.mention_slopes.copy_(-head.mention_slopes.abs())
-    return head
+    return factories.seeded_normal(head, seed)
 
 
 def register_observations(seed, padded=True, n=4):
@@ -60,16 +55,7 @@ def test_likelihood_predictive_marginals_and_map_equal_the_oracles(register_case
 @pytest.mark.parametrize("L", [1, 2])
 def test_gradients_and_pyro_losses_equal_the_oracles(L):
     head, obs = register_head(L, seed=7), register_observations(seed=30 + L)
-    params = {name: p.detach().clone().requires_grad_(True) for name, p in head.named_parameters()}
-    tables, _ = oracle.path_tables(head, obs, params)
-    oracle.log_likelihood(tables).sum().backward()
-    head.log_likelihood(obs).sum().backward()
-    for name in fact_register.REGISTER_SHAPES:
-        got, want = getattr(head, name).grad, params[name].grad
-        assert torch.allclose(got, want, atol=1e-9, rtol=0), name
-        assert got.abs().sum() > 0, name
-    expected = -head.log_likelihood(obs).sum()
-    enumerated, _ = oracle.pyro_model_losses(head, obs, expected)
+    oracle.assert_gradients_exact(head, obs, fact_register.REGISTER_SHAPES)
 
 
 def test_held_bits_and_counts_by_hand():
