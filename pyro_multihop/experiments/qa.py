@@ -201,7 +201,7 @@ def hop_answer_parts(records: Sequence[QARecord], vocabulary: QAVocabulary, n_ho
 def comparison_note(starts: int) -> str:
     """The note ``qa`` and ``babi`` print where answers outside the facts turn the emission's comparison on: what
     its ``starts`` starts are (the default fits eight, :data:`command_defaults.COMPARISON_STARTS`)."""
-    scheme = ("with and without it, from the equality weights at 1 and at 0, with and without the word-order terms")
+    scheme = "with and without it, from the equality weights at 1 and at 0, with and without the word-order terms"
     default = command_defaults.COMPARISON_STARTS
     if starts == 1:
         said = f"1 start, the head's own, with it (--starts {default}: {scheme})"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from . import command_defaults
 
-__all__ = ["add_qa_parser", "add_comparison_argument", "add_composition_argument", "add_path_normalised_argument", "add_starts_arguments",
-           "qa_command", "babi_facts_command", "print_note"]
+__all__ = ["add_qa_parser", "add_comparison_argument", "add_composition_argument", "add_path_normalised_argument",
+           "add_starts_arguments", "qa_command", "babi_facts_command", "print_note"]
 
 
 def print_note(line: str) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.log_space import MASKED_LOGIT, log_mixture
-from .fact_features import padded
+from .fact_features import padded, padded_rows
 from .fact_parameters import shape_of
 
 __all__ = ["COMPOSITION_SHAPES", "question_sides", "pair_scores", "composition_answer_log_probs",
@@ -81,8 +81,8 @@ def pair_scores(fields, real_fields, question, real_tokens, gate, side, relation
     token_weight = padded(gate, 1)[question] * question_sides(M, num_positions, dtype, fields.device)  # (c, M)
     sided = (match.to(dtype) * side).sum(-1) * token_weight[:, None, :]  # (c, N, M)
     role = torch.tanh(ROLE_SHARPNESS * torch.einsum("cim,cjm->cij", sided, (~inside).to(dtype)))  # r(i | j)
-    stated = (torch.nn.functional.pad(relation, (0, 0, 0, 1))[fields] * real_fields.unsqueeze(-1)).sum(-2)  # (c, N, D)
-    asked = (torch.nn.functional.pad(question_relation, (0, 0, 0, 1))[question] * real_tokens.unsqueeze(-1)).sum(-2)  # (c, D)
+    stated = (padded_rows(relation)[fields] * real_fields.unsqueeze(-1)).sum(-2)  # (c, N, D)
+    asked = (padded_rows(question_relation)[question] * real_tokens.unsqueeze(-1)).sum(-2)  # (c, D)
     along = (stated * asked.unsqueeze(1)).sum(-1)  # (c, N): <d(i), u>
     a = role * along.unsqueeze(-1) + role.transpose(1, 2) * along.unsqueeze(1)
     real_facts = real_fields.any(-1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .fact_features import FactFeatures, padded
+from .fact_features import FactFeatures, padded, padded_rows
 
 __all__ = ["copy_logits"]
 
@@ -33,6 +33,6 @@ def copy_logits(chunk: FactFeatures, copy_by_symbol: torch.Tensor, copy_question
     """
     tokens = chunk.real_tokens.to(copy_by_symbol.dtype)  # (c, M)
     weights = tokens / tokens.sum(-1, keepdim=True).clamp_min(1)  # the mean over the real tokens
-    by_question = torch.nn.functional.pad(copy_by_question, (0, 0, 0, 1))[chunk.question]  # (c, M, F), padding 0
+    by_question = padded_rows(copy_by_question)[chunk.question]  # (c, M, F), padding 0
     asked = (weights.unsqueeze(-1) * by_question).sum(1)  # (c, F)
     return padded(copy_by_symbol, 1)[chunk.fields] + copy_question_equality * chunk.in_question() + asked.unsqueeze(1)

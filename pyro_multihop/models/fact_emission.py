@@ -142,12 +142,11 @@ class FactEmission:
         if self.answer_symbols is not None:  # (c, A) -> (c, S)
             learnt = learnt.new_zeros(len(obs), self.num_symbols).index_add_(-1, self.answer_symbols, learnt)
         mixture = learnt.scatter_add(-1, obs.facts.flatten(1), (copies * share).flatten(1))
-        if self.uses_register:  # the register's share, the same at every fact
-            rho = torch.sigmoid(self.register_mix[0])
-            mixture = (1 - rho) * mixture + rho * weights.sum(-1, keepdim=True) * self.register_answer_log_probs(obs).exp()
-        if self.uses_composition:  # the composition's share, the same at every fact
-            kappa = torch.sigmoid(self.composition_mix[0])
-            mixture = (1 - kappa) * mixture + kappa * weights.sum(-1, keepdim=True) \
-                * self.composition_answer_log_probs(obs).exp()
+        # the register's and the composition's shares, the same at every fact: weighted by the facts' total weight
+        for used, logit, log_probs in ((self.uses_register, "register_mix", self.register_answer_log_probs),
+                                       (self.uses_composition, "composition_mix", self.composition_answer_log_probs)):
+            if used:
+                share = torch.sigmoid(getattr(self, logit)[0])
+                mixture = (1 - share) * mixture + share * weights.sum(-1, keepdim=True) * log_probs(obs).exp()
         return mixture
 

@@ -19,6 +19,12 @@ def padded(table: torch.Tensor, dims: int) -> torch.Tensor:
     return torch.nn.functional.pad(table, (0, 1) * dims)
 
 
+def padded_rows(table: torch.Tensor) -> torch.Tensor:
+    """``table`` ``(..., S, D)`` with a zero row appended before its last dim: the row of symbol ``S``, padding, so
+    that indexing it with a chunk's symbols (padding mapped to ``S``) gives 0 there."""
+    return torch.nn.functional.pad(table, (0, 0, 0, 1))
+
+
 class FactFeatures:
     """What the terms read from a chunk of rows: symbols with padding mapped to ``S``, masks, ranks."""
 

@@ -43,7 +43,7 @@ import torch
 from pyro.ops.indexing import Vindex
 
 from ..engine.log_space import HopChain
-from .fact_features import FactFeatures
+from .fact_features import FactFeatures, padded_rows
 
 __all__ = ["HopAnswers", "PART_SHAPES", "parts_table"]
 
@@ -120,7 +120,7 @@ class HopAnswers:
         D)`` after it (by the previous fact ``i`` and ``j``), in the module docstring's formula: each table's rows at
         the fact's symbols summed over the fields first, ``(1 + 2 F, c, N, D)``, then weighted by the matches."""
         F = self.num_fields
-        tables = torch.nn.functional.pad(self.part_tables[hop], (0, 0, 0, 1))  # (1 + 2 F, F, S + 1, D), padding 0
+        tables = padded_rows(self.part_tables[hop])  # (1 + 2 F, F, S + 1, D), padding 0
         said = sum(tables[:, a][:, chunk.fields[..., a]] for a in range(F))  # (1 + 2 F, c, N, D), summed over a
         logits = said[0] + torch.einsum("cjb,bcjd->cjd", chunk.in_question(), said[1:1 + F])  # (c, N, D)
         if hop == 0:

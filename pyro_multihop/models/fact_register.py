@@ -39,17 +39,13 @@ from typing import NamedTuple
 import torch
 
 from ..engine.log_space import MASKED_LOGIT, floored_log, log_mixture
+from .fact_features import padded_rows
 from .fact_parameters import shape_of
 
 __all__ = ["RegisterState", "occurrence_log_probs", "held_bits", "count_probs", "register_state",
            "register_answer_log_probs", "register_target_log_probs", "SET", "CLEAR", "KEEP"]
 
 SET, CLEAR, KEEP = 0, 1, 2
-
-
-def _symbol_rows(table: torch.Tensor) -> torch.Tensor:
-    """``table`` ``(S, 3)`` with a zero row for the padding symbol ``S``."""
-    return torch.nn.functional.pad(table, (0, 0, 0, 1))
 
 
 def occurrence_log_probs(fields, real_fields, question, real_tokens, by_fact_symbol, by_object, by_field_pair):
@@ -64,8 +60,8 @@ def occurrence_log_probs(fields, real_fields, question, real_tokens, by_fact_sym
     person = ((fields.unsqueeze(1) == question[:, :, None, None]) & real_fields.unsqueeze(1)
               & real_tokens[:, :, None, None])  # (c, M, N, F)
     candidate = real_fields.unsqueeze(1) & ~person & person.any(-1, keepdim=True)
-    fact_logits = (_symbol_rows(by_fact_symbol)[fields] * real_fields.unsqueeze(-1)).sum(-2)  # (c, N, 3)
-    logits = (fact_logits[:, None, :, None] + _symbol_rows(by_object)[fields].unsqueeze(1)
+    fact_logits = (padded_rows(by_fact_symbol)[fields] * real_fields.unsqueeze(-1)).sum(-2)  # (c, N, 3)
+    logits = (fact_logits[:, None, :, None] + padded_rows(by_object)[fields].unsqueeze(1)
               + torch.einsum("cmnf,fgk->cmngk", person.to(by_field_pair.dtype), by_field_pair))
     log_probs = logits.log_softmax(-1).flatten(2, 3)  # (c, M, N F, 3)
     candidate = candidate.flatten(2)
