@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint is refused unless --overwrite.",
     )
     _babi_arguments(babi)
-    qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float, fraction=_fraction)
+    qa = add_qa_parser(commands, positive_int=_positive_int, positive_float=_positive_float, fraction=_fraction,
+                       nonnegative_int=_nonnegative_int)
 
     paths = commands.add_parser(
         "paths",
@@ -327,7 +328,7 @@ def _babi_arguments(babi: argparse.ArgumentParser) -> None:
     babi.add_argument("--batch-size", type=_positive_int, default=None, help="questions per SVI step (default: all)")
     add_comparison_argument(babi)
     add_path_normalised_argument(babi)
-    add_composition_argument(babi, _positive_int)
+    add_composition_argument(babi, _nonnegative_int)
     babi.add_argument("--memory", type=_positive_int, default=defaults.BABI_MEMORY,
                       help=f"statements kept before each question (default: {defaults.BABI_MEMORY})")
     babi.add_argument("--max-train", type=_positive_int, default=None, help="use only the first N training questions")

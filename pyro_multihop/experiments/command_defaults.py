@@ -17,7 +17,7 @@ from __future__ import annotations
 
 __all__ = ["TABLE_SUFFIXES", "FACTS_SUFFIX", "TRAIN_MODELS", "TRAIN_SIGMA2", "TRAIN_EM_ITERATIONS", "BABI_SVI",
            "BABI_EM_ITERATIONS", "BABI_MEMORY", "BABI_SIGMA2", "STARTS",
-           "COMPARISON_STARTS", "EMBED_DIM", "EMBED_MIN_COUNT"]
+           "COMPARISON_STARTS", "COMPOSITION_DIM", "EMBED_DIM", "EMBED_MIN_COUNT"]
 
 #: Suffixes of table data files (columns query, target, key_0.., value_0..): what ``simulate`` writes, ``train``
 #: reads, and a ``train`` checkpoint is applied to.
@@ -75,3 +75,9 @@ STARTS = 1
 #: the last four alone (the starts before the pattern) tasks 10 and 6 lose what it gives (96.4 against 99.1, 92.9
 #: against 93.9).
 COMPARISON_STARTS = 8
+
+#: ``qa`` and ``babi``'s composition of two facts (``FactAttention(composition=D)``) where the data turn it on (some
+#: training answers occur in no fact, are not lists and are not said per hop) and no ``--composition`` is given: its
+#: relation vectors' dimension ``D``. 2: a plane, the most bAbI's positional reasoning (task 17) composes; a size
+#: order (task 18) needs 1 and fits in 2 (docs/babi.md).
+COMPOSITION_DIM = 2

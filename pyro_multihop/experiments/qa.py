@@ -68,6 +68,7 @@ from ..datasets.qa_jsonl import (
     write_jsonl,
 )
 from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
+from ..models.fact_composition import COMPOSITION_EXTRA_STARTS
 from ..models.fact_hop_answers import PART_SHAPES
 from ..models.fact_parameters import frame_symbols_of
 from ..models.symbol_embedding import frequent_symbols
@@ -79,6 +80,7 @@ from .fit_findings import hop_findings, recorded_fit, report_findings
 
 __all__ = [
     "facts_head",
+    "verdict_composition",
     "HeadMemoryError",
     "head_memory_bytes",
     "available_memory_bytes",
@@ -213,6 +215,16 @@ def comparison_note(starts: int) -> str:
         said = f"{starts} starts, {scheme}{extra}, the best held-out log-likelihood kept"
     return f"note: the emission's comparison is on, since some training answers occur in no fact; {said} " \
            "(--no-comparison: off)"
+
+
+def verdict_composition(composition: Optional[int], verdicts: bool) -> Optional[int]:
+    """The composition's dimension :func:`run_qa` gives the head: ``composition`` where given (0: off, None),
+    else :data:`~.command_defaults.COMPOSITION_DIM` where the training answers are ``verdicts`` (some occur in no
+    fact, and they are neither lists nor said per hop: a yes / no may come from two facts together), else None.
+    The rule reads no word; the held-out likelihood then chooses among starts with and without it."""
+    if composition is None:
+        return command_defaults.COMPOSITION_DIM if verdicts else None
+    return composition or None
 
 
 def list_register(records: Sequence[QARecord], vocabulary: QAVocabulary) -> Optional[dict]:
@@ -412,9 +424,16 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     emission without it, starts 2 and 3 the equality weights at 0, starts 4-7 the same four with the word-order
     terms held at 0: ``FactAttention.start_variant``, so the held-out log-likelihood chooses whether the comparison
     stays, where training starts and whether the word-order terms are used), else 1. ``composition``: ``D``, a
-    composition of two facts in the emission (``FactAttention``'s; default None: off; ``results.json``'s
-    ``composition``). ``hops``: the old name of ``n_hops``, deprecated."""
+    composition of two facts in the emission (``FactAttention``'s; ``results.json``'s ``composition``), 0 off, or
+    by default (None) :data:`~.command_defaults.COMPOSITION_DIM` where some training answers occur in no fact and are
+    neither lists (the register's) nor said per hop (:func:`verdict_composition`), with
+    :data:`~pyro_multihop.models.fact_composition.COMPOSITION_EXTRA_STARTS` more starts by default (start 1 the
+    composition alone, the head's own starts without it after it). ``hops``: the old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
+    if composition is not None and (isinstance(composition, bool) or not isinstance(composition, int)
+                                    or composition < 0):
+        raise ValueError(f"composition must be a non-negative int (0: off) or None (from the data), got "
+                         f"{composition!r}")
     if embed_min_count is not None and embed_dim is None:
         raise ValueError(f"embed_min_count needs embed_dim (a table head has no embedding), got {embed_min_count!r}")
     if out is None:
@@ -435,11 +454,13 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     parts = hop_answer_parts(train_records, vocabulary, n_hops)  # said per hop: no last-hop emission to compare in
     chosen = comparison is None
     comparison = bool(train_outside) and parts is None if chosen else bool(comparison)
+    register = list_register(train_records, vocabulary) if parts is None else None  # lists: what a person holds
+    composition = verdict_composition(composition, bool(train_outside) and parts is None and register is None)
     if starts is None:
-        starts = command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS
+        starts = (command_defaults.COMPARISON_STARTS if comparison else command_defaults.STARTS) + \
+            (COMPOSITION_EXTRA_STARTS if composition else 0)
     # the frame table's symbols (a table head): those no training question or answer names, read from the data
     frame = frame_symbols_of(train.obs, vocabulary.num_symbols) if embed_dim is None else None
-    register = list_register(train_records, vocabulary) if parts is None else None  # lists: what a person holds
     head = facts_head(vocabulary, n_hops, longest_question, embed_dim=embed_dim, seed=seed, comparison=comparison,
                       answer_symbols=answers, embedded_symbols=embedded, frame_symbols=frame, answer_parts=parts,
                       register=register, composition=composition,
@@ -449,7 +470,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         _report(log, answers_outside_facts_message(train_records, "training"))
         _report(log, answers_outside_facts_message(test_records, "test"))
     if chosen and comparison and log is not None:
-        log(comparison_note(starts))
+        log(comparison_note(starts - (COMPOSITION_EXTRA_STARTS if head.uses_composition else 0)))
     if parts is not None and log is not None:
         log(f"note: every training answer has {n_hops} parts (separated by {ANSWER_PART_SEPARATOR!r}): the answer is "
             "said per hop, part l by the fact hop l attends" + (", and the hops are normalised over whole paths "
@@ -459,8 +480,8 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
             "emission mixes in a held-set register (what the question's person holds: its count or its set)")
     if head.uses_composition and log is not None:
         log(f"note: the emission mixes in a composition of two facts ({head.composition_dim} dimensions): a yes / no "
-            "from what two facts state together" + (f"; start 1 of the {starts} is the composition alone" if
-                                                    starts > 1 else ""))
+            "from what two facts state together" + (f"; start 1 of the {starts} is the composition alone, the head's "
+                                                    "own starts follow without it" if starts > 1 else "") + " (--composition 0: off)")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,

@@ -22,7 +22,7 @@ def print_note(line: str) -> None:
     print(f"pyro-multihop: {line}", file=sys.stderr, flush=True)
 
 
-def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=float):
+def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=float, nonnegative_int=int):
     """Register ``pyro-multihop qa`` on the command line's sub-parsers (the argument types are the command
     line's checked parsers); returns its parser."""
     qa = commands.add_parser(
@@ -49,7 +49,7 @@ def add_qa_parser(commands, positive_int=int, positive_float=float, fraction=flo
                     f"ones do (default: {command_defaults.EMBED_MIN_COUNT}; 1: every symbol; docs/facts.md)")
     add_comparison_argument(qa)
     add_path_normalised_argument(qa)
-    add_composition_argument(qa)
+    add_composition_argument(qa, nonnegative_int)
     qa.add_argument("--collapsed", action="store_true", help="SVI on the collapsed model (same loss, faster)")
     qa.add_argument("--steps", type=positive_int, default=None, help="SVI steps (default: the head's)")
     qa.add_argument("--lr", type=positive_float, default=None, help="SVI learning rate (default: the head's)")
@@ -81,21 +81,24 @@ def add_path_normalised_argument(command) -> None:
                          "comma-separated part per hop)")
 
 
-def add_composition_argument(command, positive_int=int) -> None:
-    """``--composition D`` of ``qa`` and ``babi`` (``FactAttention(composition=D)``)."""
-    command.add_argument("--composition", type=positive_int, default=None, metavar="D",
+def add_composition_argument(command, nonnegative_int=int) -> None:
+    """``--composition D`` of ``qa`` and ``babi`` (``FactAttention(composition=D)``; 0: off)."""
+    command.add_argument("--composition", type=nonnegative_int, default=None, metavar="D",
                          help="mix a composition of two facts into the emission (a yes / no from what two facts "
-                         "state together, relation vectors of D dimensions; 2 for a plane); default: off "
-                         "(docs/facts.md, \"A composition of two facts\")")
+                         "state together, relation vectors of D dimensions; 0: off); default: "
+                         f"{command_defaults.COMPOSITION_DIM} where some training answers occur in no fact and are "
+                         "neither lists nor said per hop, with two more starts (the composition alone, the head "
+                         "without it), else off (docs/facts.md, \"A composition of two facts\")")
 
 
 def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None:
     """``--starts`` and ``--processes`` (SVI's several starts, ``fit_svi(starts=K, processes=P)``) on ``command``:
-    ``qa``, ``babi`` and ``train`` take them alike; ``facts``: the default is the facts head's (None: 4 where its
-    comparison is on, with and without it from two starts of the equality weights, else 1)."""
+    ``qa``, ``babi`` and ``train`` take them alike; ``facts``: the default is the facts head's (None: 8 where its
+    comparison is on, else 1; 2 more where its composition is on: ``run_qa``)."""
     starts = command_defaults.STARTS
     default = (f"{command_defaults.COMPARISON_STARTS} where the comparison is on (with and without it, from the "
-               f"equality weights at 1 and at 0, with and without the word-order terms), else {starts}" if facts
+               f"equality weights at 1 and at 0, with and without the word-order terms), else {starts}; 2 more where the "
+               "composition is on" if facts
                else f"{starts}, one plain fit")
     command.add_argument("--starts", type=positive_int, default=None if facts else starts,
                          help="fit this many SVI starts (start 0 the plain fit, the others perturbed or the head's "

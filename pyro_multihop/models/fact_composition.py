@@ -24,7 +24,7 @@ register, :mod:`.fact_register`); ``p(target) = mean over pairs`` is exact, ``O(
 question's side is a fixed ramp: learnt (a weight per position) it did not leave the start in a prototype on task 17
 (52-72 % of the test answers), held at the ramp 97-98 % (docs/babi.md). The ramp reads no word; the fields' sides,
 which words relate and what the question asks are learnt. In the head's several starts, start 1 is the composition
-alone (:meth:`PairComposition.composition_variants`).
+alone and the head's own starts follow without it (:meth:`PairComposition.composition_variants`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..engine.log_space import MASKED_LOGIT, log_mixture
 from .fact_features import padded, padded_rows
 from .fact_parameters import shape_of
 
-__all__ = ["COMPOSITION_SHAPES", "question_sides", "pair_scores", "composition_answer_log_probs",
+__all__ = ["COMPOSITION_SHAPES", "COMPOSITION_EXTRA_STARTS", "question_sides", "pair_scores", "composition_answer_log_probs",
            "composition_target_log_probs", "PairComposition"]
 
 #: Shapes of the composition's parameters (only in a head given ``composition=D``).
@@ -53,6 +53,10 @@ MIX_START = 3.0
 
 #: ``composition_mix`` in the start of the composition alone: the other components' share ``sigmoid(-30)``.
 ALONE_START = 30.0
+
+#: How many more starts ``fit_svi(starts=K)`` has where the composition is on: the composition alone and the head's
+#: own start without it (:meth:`PairComposition.composition_variants`).
+COMPOSITION_EXTRA_STARTS = 2
 
 #: The sharpness of a role: ``r = tanh(ROLE_SHARPNESS * score)``, about +-1 once one token matches.
 ROLE_SHARPNESS = 3.0
@@ -159,21 +163,31 @@ class PairComposition:
         return self.composition_dim is not None
 
     def composition_variants(self, variants: tuple) -> tuple:
-        """The head's start variants (``FactAttention.start_variant``) with, where the composition is on, "the
-        composition alone" first: in a mixture the other components explain the answers' frequencies before the
-        composition learns, and its weight falls (bAbI task 17: ``kappa`` 0.18, 75.4 % of the test answers; the
-        composition alone 97.3 %), so the held-out likelihood chooses between the two."""
-        return (("alone",),) + variants if self.uses_composition else variants
+        """The head's start variants (``FactAttention.start_variant``, starts 1, 2, ...) where the composition is on:
+        start 1 the composition alone, start 2 the head's own start without it, then the head's ``variants`` without
+        it (:data:`COMPOSITION_EXTRA_STARTS` more starts than the head has without a composition; start 0 mixes both).
+        Why both: in a mixture the other components explain the answers' frequencies before the composition learns,
+        and its weight falls (bAbI task 17: ``kappa`` 0.18, 75.4 % of the test answers; the composition alone
+        97.3 %), while on the tasks it cannot answer the head's own starts stay as they were without it (their
+        likelihood is exactly the head's), so the held-out likelihood chooses between them."""
+        if not self.uses_composition:
+            return variants
+        return (("alone",), ("without",)) + tuple(("without",) + variant for variant in variants)
 
     def composition_start(self, variant: tuple) -> list:
-        """Set ``variant``'s part of a start in place (the composition alone: ``composition_mix`` at
-        :data:`ALONE_START`, the other components' share ``exp(-30)`` and their gradients with it); what it did, in
+        """Set ``variant``'s part of a start in place: the composition alone (``composition_mix`` at
+        :data:`ALONE_START`, the other components' share ``exp(-30)`` and their gradients with it) or the emission
+        without it (at ``MASKED_LOGIT``: its share and every gradient of its parameters exactly 0); what it did, in
         words."""
-        if "alone" not in variant:
-            return []
+        said = []
         with torch.no_grad():
-            self.composition_mix.fill_(ALONE_START)
-        return ["the composition alone"]
+            if "alone" in variant:
+                self.composition_mix.fill_(ALONE_START)
+                said.append("the composition alone")
+            if "without" in variant:
+                self.composition_mix.fill_(MASKED_LOGIT)
+                said.append("the emission without its composition")
+        return said
 
     def _composition_scores(self, obs):
         chunk = self._chunk(obs)
