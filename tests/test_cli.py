@@ -487,9 +487,10 @@ def test_train_starts_records_every_start_and_prints_why_a_run_is_stuck(task, tm
 def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
     """``--starts`` of train shows and uses command_defaults.STARTS, read when the parser is built; qa and babi
     (the facts head) leave it to the run (None) and show both of their defaults: COMPARISON_STARTS where the
-    comparison is on, STARTS else (what run_qa picks is tests/experiments/test_qa_command.py's)."""
+    comparison is on, STARTS else, the composition's more starts (what run_qa picks is tests/experiments/test_qa_command.py's)."""
     from pyro_multihop.cli import build_parser
     from pyro_multihop.experiments import command_defaults
+    from pyro_multihop.models.fact_composition import COMPOSITION_EXTRA_STARTS
 
     needed = {"train": ["--data", "d.csv", "--out", "o"], "babi": ["--task", "1", "--out", "o"],
               "qa": ["--train", "a.jsonl", "--test", "b.jsonl", "--hops", "1", "--out", "o"]}
@@ -502,5 +503,6 @@ def test_starts_default_is_the_command_defaults_one(capsys, monkeypatch):
             text = " ".join(capsys.readouterr().out.split())
             shown = f"{value}, one plain fit" if command == "train" else \
                 f"{value + 4} where the comparison is on (with and without it, from the equality weights at 1 and at " \
-                f"0, with and without the word-order terms), else {value}"
+                f"0, with and without the word-order terms), else {value}; {COMPOSITION_EXTRA_STARTS} more where " \
+                "the composition is on"
             assert f"(default: {shown}; docs/svi.md)" in text, command

@@ -14,10 +14,12 @@ score), and writes into ``OUT`` (the command's options: :mod:`pyro_multihop.expe
   ``log_likelihood`` (test, mean per question), ``hop_fact_accuracy``, how many training and test answers
   occur in no fact of their question (``train_answers_outside_facts``, ``test_answers_outside_facts``),
   ``comparison`` (whether the emission's comparison component was on: by default where some training answer
-  occurs in no fact, with starts without it), with ``embed_dim`` ``embed_min_count`` and ``embedded_symbols``
-  (how many symbols own a row of the embedding), ``diagnostics`` (the fit's findings and the hop diagnostics on
-  the test questions) and, with ``starts`` > 1,
-  ``starts`` (every start's record, the kept one marked): :mod:`pyro_multihop.experiments.fit_findings`;
+  occurs in no fact, with starts without it), ``register`` (a held-set register: where some training answers are
+  lists), ``composition`` (the composition of two facts' dimension, or null: by default 2 where some training
+  answers occur in no fact and are neither lists nor said per hop), with ``embed_dim`` ``embed_min_count`` and
+  ``embedded_symbols`` (how many symbols own a row of the embedding), ``diagnostics`` (the fit's findings and the
+  hop diagnostics on the test questions) and, with ``starts`` > 1, ``starts`` (every start's record, the kept one
+  marked): :mod:`pyro_multihop.experiments.fit_findings`;
 - ``predictions.jsonl``: one line per test question, in order (:func:`predict_qa`): its ``id``, ``question``,
   the most probable ``answer`` and ``answer_prob``, ``facts`` (the fact index of each hop of the most probable
   path given the facts and the question, *not* the answer: the path the model follows at test time) and
@@ -479,9 +481,10 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         log(f"note: {len(register['lists'])} training answers are lists (separated by {ANSWER_PART_SEPARATOR!r}): the "
             "emission mixes in a held-set register (what the question's person holds: its count or its set)")
     if head.uses_composition and log is not None:
+        alone = f"; start 1 of the {starts} is the composition alone, the head's own starts follow without it" \
+            if starts > 1 else ""
         log(f"note: the emission mixes in a composition of two facts ({head.composition_dim} dimensions): a yes / no "
-            "from what two facts state together" + (f"; start 1 of the {starts} is the composition alone, the head's "
-                                                    "own starts follow without it" if starts > 1 else "") + " (--composition 0: off)")
+            f"from what two facts state together{alone} (--composition 0: off)")
     if resume and checkpoint.exists() and log is not None:
         log(f"resuming from step {read_checkpoint(checkpoint)['step']} of {checkpoint}")
     fit = functools.partial(train_qa, head, train, steps=steps, lr=lr, batch_size=batch_size,

@@ -35,8 +35,8 @@ from ..engine.log_space import MASKED_LOGIT, log_mixture
 from .fact_features import padded, padded_rows
 from .fact_parameters import shape_of
 
-__all__ = ["COMPOSITION_SHAPES", "COMPOSITION_EXTRA_STARTS", "question_sides", "pair_scores", "composition_answer_log_probs",
-           "composition_target_log_probs", "PairComposition"]
+__all__ = ["COMPOSITION_SHAPES", "COMPOSITION_EXTRA_STARTS", "question_sides", "pair_scores",
+           "composition_answer_log_probs", "composition_target_log_probs", "PairComposition"]
 
 #: Shapes of the composition's parameters (only in a head given ``composition=D``).
 COMPOSITION_SHAPES = {"composition_gate": "(S,)", "composition_side": "(F,)", "composition_relation": "(S, D)",

@@ -239,14 +239,17 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
     assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "1", "--steps", "1", "--out",
                  str(tmp_path / "command"), "--no-progress"]) == 0
     notes = capsys.readouterr().err.strip().splitlines()
-    # Answers outside the facts turn the emission's comparison on, with starts without it: then the
-    # note of the kept start and the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
+    # Answers outside the facts turn the emission's comparison and composition on, with starts without them: then
+    # their notes, the note of the kept start and the run's diagnostics (here the hops of a one-step fit, still flat), one line each.
     results = json.loads((tmp_path / "command" / "results.json").read_text())
     own = ["the emission without its comparison component", "the equality weights at 0",
            "the equality weights at 0 and the emission without its comparison component"]
     held = "the word-order terms held at 0"
-    assert results["comparison"] and [start["start_from"] for start in results["starts"]] == \
-        ["the head's own start"] + own + [held] + [f"{held} and {said}" for said in own]
+    without = "the emission without its composition"  # such answers turn the composition on too
+    assert results["comparison"] and results["composition"] == 2
+    assert [start["start_from"] for start in results["starts"]] == \
+        ["the head's own start", "the composition alone", without] + \
+        [f"{without} and {said}" for said in own + [held] + [f"{held} and {said}" for said in own]]
     assert notes[:2] == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question "
                          f"({train}:1, {train}:2): only the emission table can learn them (a copy cannot produce them)",
                          f"pyro-multihop: warning: 2 of 3 test answers occur in no fact of their question ({test}:1, "
@@ -256,8 +259,9 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
                         "in no fact; 8 starts, with and without it, from the equality weights at 1 and at 0, with "
                         "and without the word-order terms, the best held-out log-likelihood kept (--no-comparison: "
                         "off)")
-    assert notes[3].startswith("pyro-multihop: note: 8 starts, kept start ")
-    assert notes[4:] == [f"pyro-multihop: {diagnostic_line(record)}" for record in results["diagnostics"]]
+    assert notes[3].startswith("pyro-multihop: note: the emission mixes in a composition of two facts")
+    assert notes[4].startswith("pyro-multihop: note: 10 starts, kept start ")
+    assert notes[5:] == [f"pyro-multihop: {diagnostic_line(record)}" for record in results["diagnostics"]]
 
 
 # -- the commands evaluate, predict, paths and inspect on facts files ---------------------------------------

@@ -91,13 +91,15 @@ def test_run_qa_without_a_log_warns_its_findings(tmp_path):
 @pytest.mark.parametrize("starts", [1, 3, 8])
 def test_the_comparison_note_says_the_starts_that_are_fitted(tmp_path, capsys, starts):
     """Answers outside the facts turn the comparison on; the note names the starts the run fits, not the default's
-    eight when fewer are asked (``--starts 1`` once printed "1 starts, with and without it, ...")."""
+    eight when fewer are asked (``--starts 1`` once printed "1 starts, with and without it, ..."). The composition,
+    which such answers turn on too, is off here (its starts are test_qa_composition.py's)."""
     records = [dataclasses.replace(record, answer="yes") if index % 2 else record
                for index, record in enumerate(home_records(24, 2))]
     train = write_qa_jsonl(records, tmp_path / "train.jsonl")
     test = write_qa_jsonl(records[:4], tmp_path / "test.jsonl")
     assert main(["qa", "--train", str(train), "--test", str(test), "--hops", "1", "--steps", "1", "--starts",
-                 str(starts), "--processes", "1", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+                 str(starts), "--processes", "1", "--composition", "0", "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "comparison is on" in line]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["comparison"] and len(results.get("starts", [None])) == starts

@@ -175,14 +175,38 @@ def test_an_embedded_head_with_answers_and_a_register_composes_in_every_form():
         assert torch.allclose(head.log_likelihood(at).exp(), proba[:, symbol], atol=1e-9, rtol=0)
 
 
-def test_start_one_is_the_composition_alone_and_the_others_come_one_later():
+def test_start_one_is_the_composition_alone_and_the_head_own_starts_follow_without_it():
     """``fit_svi(starts=K)``'s start 1 of a head with a composition is the composition alone (its share 1 but
-    ``exp(-30)``: the likelihood is the composition's); starts 2.. are the head's other starts, in their order."""
-    head = composition_head(1, seed=4)
+    ``exp(-30)``: the likelihood is the composition's); start 2 the head's own start without it: the likelihood and
+    every gradient those of the same head built without a composition, the composition's gradients exactly 0; starts
+    3.. the head's other starts without it, in their order, setting what they set without a composition."""
+    obs = factories.random_fact_observations(4, N, F, M, S, seed=95)
+    head = composition_head(1, seed=4, comparison=True)
     assert head.start_variant(1) == "the composition alone"
     assert head.composition_mix.item() == fact_composition.ALONE_START
-    obs = factories.random_fact_observations(4, N, F, M, S, seed=95)
     assert torch.allclose(head.log_likelihood(obs), head.composition_target_log_probs(obs), atol=1e-9, rtol=0)
-    for start in range(1, 9):
-        with_it = FactAttention(1, F, S, composition=2, comparison=True).start_variant(start + 1)
-        assert with_it == FactAttention(1, F, S, comparison=True).start_variant(start), start
+    start = {name: value.clone() for name, value in composition_head(1, seed=4, comparison=True).state_dict().items()}
+    shared = {name: value for name, value in start.items() if not name.startswith("composition_")}
+    for variant in range(2, 10):
+        head = composition_head(1, seed=4, comparison=True)
+        plain = FactAttention(1, F, S, max_question_len=P, max_distance=3, dtype=torch.float64, comparison=True)
+        plain.load_state_dict(shared)
+        said = head.start_variant(variant)
+        plain_said = plain.start_variant(variant - 2)
+        assert said == "the emission without its composition" + ("" if plain_said is None else f" and {plain_said}")
+        assert head.word_order == plain.word_order
+        for name, value in plain.state_dict().items():
+            assert torch.equal(head.state_dict()[name], value), (variant, name)
+        loss, plain_loss = -head.log_likelihood(obs).sum(), -plain.log_likelihood(obs).sum()
+        assert torch.equal(loss, plain_loss)
+        loss.backward()
+        plain_loss.backward()
+        plain_grads = {name: parameter.grad for name, parameter in plain.named_parameters()}
+        for name, parameter in head.named_parameters():  # None: a parameter out of the likelihood in both
+            if name.startswith("composition_"):
+                assert parameter.grad is not None and not parameter.grad.any(), (variant, name)
+            elif plain_grads[name] is None:
+                assert parameter.grad is None or not parameter.grad.any(), (variant, name)
+            else:
+                assert torch.equal(parameter.grad, plain_grads[name]), (variant, name)
+    assert composition_head(1, seed=4, comparison=True).start_variant(10) is None
