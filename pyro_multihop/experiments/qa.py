@@ -70,7 +70,7 @@ from ..datasets.qa_jsonl import (
     write_jsonl,
 )
 from ..models.facts import PARAMETER_SHAPES, FactAttention, parameter_elements
-from ..models.fact_composition import COMPOSITION_EXTRA_STARTS
+from ..models.fact_composition import COMPOSITION_ALONE_STARTS, COMPOSITION_EXTRA_STARTS
 from ..models.fact_hop_answers import PART_SHAPES
 from ..models.fact_parameters import frame_symbols_of
 from ..models.symbol_embedding import frequent_symbols
@@ -430,7 +430,7 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     by default (None) :data:`~.command_defaults.COMPOSITION_DIM` where some training answers occur in no fact and are
     neither lists (the register's) nor said per hop (:func:`verdict_composition`), with
     :data:`~pyro_multihop.models.fact_composition.COMPOSITION_EXTRA_STARTS` more starts by default (start 1 the
-    composition alone, the head's own starts without it after it). ``hops``: the old name of ``n_hops``, deprecated."""
+    composition alone from three draws of its vectors, the head's own starts without it after them). ``hops``: the old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if composition is not None and (isinstance(composition, bool) or not isinstance(composition, int)
                                     or composition < 0):
@@ -481,8 +481,10 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
         log(f"note: {len(register['lists'])} training answers are lists (separated by {ANSWER_PART_SEPARATOR!r}): the "
             "emission mixes in a held-set register (what the question's person holds: its count or its set)")
     if head.uses_composition and log is not None:
-        alone = f"; start 1 of the {starts} is the composition alone, the head's own starts follow without it" \
-            if starts > 1 else ""
+        count = min(starts - 1, COMPOSITION_ALONE_STARTS)  # the starts of the composition alone
+        alone = "" if count == 0 else (f"; start 1 of the {starts} is" if count == 1 else
+                                       f"; starts 1-{count} of the {starts} are") + " the composition alone" + \
+            (", the head's own starts follow without it" if starts > count + 1 else "")
         log(f"note: the emission mixes in a composition of two facts ({head.composition_dim} dimensions): a yes / no "
             f"from what two facts state together{alone} (--composition 0: off)")
     if resume and checkpoint.exists() and log is not None:

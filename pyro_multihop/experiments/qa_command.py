@@ -87,17 +87,17 @@ def add_composition_argument(command, nonnegative_int=int) -> None:
                          help="mix a composition of two facts into the emission (a yes / no from what two facts "
                          "state together, relation vectors of D dimensions; 0: off); default: "
                          f"{command_defaults.COMPOSITION_DIM} where some training answers occur in no fact and are "
-                         "neither lists nor said per hop, with two more starts (the composition alone, the head "
-                         "without it), else off (docs/facts.md, \"A composition of two facts\")")
+                         "neither lists nor said per hop, with four more starts (the composition alone from three draws "
+                         "of its vectors, the head without it), else off (docs/facts.md, \"A composition of two facts\")")
 
 
 def add_starts_arguments(command, positive_int=int, facts: bool = False) -> None:
     """``--starts`` and ``--processes`` (SVI's several starts, ``fit_svi(starts=K, processes=P)``) on ``command``:
     ``qa``, ``babi`` and ``train`` take them alike; ``facts``: the default is the facts head's (None: 8 where its
-    comparison is on, else 1; 2 more where its composition is on: ``run_qa``)."""
+    comparison is on, else 1; 4 more where its composition is on: ``run_qa``)."""
     starts = command_defaults.STARTS
     default = (f"{command_defaults.COMPARISON_STARTS} where the comparison is on (with and without it, from the "
-               f"equality weights at 1 and at 0, with and without the word-order terms), else {starts}; 2 more where the "
+               f"equality weights at 1 and at 0, with and without the word-order terms), else {starts}; 4 more where the "
                "composition is on" if facts
                else f"{starts}, one plain fit")
     command.add_argument("--starts", type=positive_int, default=None if facts else starts,

@@ -262,7 +262,7 @@ class FactAttention(HopAnswers, HeldRegister, PairComposition, FactEmission, Emb
         - Then the same starts again (the head's own first) with the word-order terms held at 0
           (:data:`~.fact_parameters.WORD_ORDER_TERMS`: the question's pattern and the frame table): starts 4-7
           with the comparison on, 2-3 without it.
-        - With a ``composition``: start 1 the composition alone, 2.. the above without it (:mod:`.fact_composition`).
+        - With a ``composition``: starts 1-3 the composition alone, 4.. the above without it (:mod:`.fact_composition`).
 
         The equality start is the default because at 0 a chain of hops can idle (bAbI tasks 3 and 15), but from it a
         hop can settle on a fact that merely shares symbols with the question (bAbI tasks 6 and 9; docs/facts.md,

@@ -248,7 +248,8 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
     without = "the emission without its composition"  # such answers turn the composition on too
     assert results["comparison"] and results["composition"] == 2
     assert [start["start_from"] for start in results["starts"]] == \
-        ["the head's own start", "the composition alone", without] + \
+        ["the head's own start", "the composition alone"] + \
+        [f"the composition alone and its symbol vectors from draw {draw}" for draw in (1, 2)] + [without] + \
         [f"{without} and {said}" for said in own + [held] + [f"{held} and {said}" for said in own]]
     assert notes[:2] == [f"pyro-multihop: warning: 2 of 6 training answers occur in no fact of their question "
                          f"({train}:1, {train}:2): only the emission table can learn them (a copy cannot produce them)",
@@ -260,7 +261,7 @@ def test_answers_outside_facts_are_warned_in_python_and_noted_by_the_command(tmp
                         "and without the word-order terms, the best held-out log-likelihood kept (--no-comparison: "
                         "off)")
     assert notes[3].startswith("pyro-multihop: note: the emission mixes in a composition of two facts")
-    assert notes[4].startswith("pyro-multihop: note: 10 starts, kept start ")
+    assert notes[4].startswith("pyro-multihop: note: 12 starts, kept start ")
     assert notes[5:] == [f"pyro-multihop: {diagnostic_line(record)}" for record in results["diagnostics"]]
 
 

@@ -12,6 +12,7 @@ from pyro_multihop.cli import main
 from pyro_multihop.datasets.qa_jsonl import QARecord, write_qa_jsonl
 from pyro_multihop.experiments import command_defaults
 from pyro_multihop.experiments.qa import run_qa
+from pyro_multihop.models import fact_composition
 
 
 def size_records(n, seed):
@@ -45,16 +46,17 @@ def test_qa_composition_is_recorded_with_the_composition_alone_as_start_one(tmp_
     assert [start["start_from"] for start in results["starts"]] == ["the head's own start", "the composition alone"]
     notes = capsys.readouterr().err
     assert ("note: the emission mixes in a composition of two facts (2 dimensions): a yes / no from what two facts "
-            "state together; start 1 of the 2 is the composition alone, the head's own starts follow without it "
-            "(--composition 0: off)") in notes
+            "state together; start 1 of the 2 is the composition alone (--composition 0: off)") in notes
 
 
-def test_the_composition_is_on_where_answers_are_verdicts_and_off_with_zero(tmp_path):
-    """Without ``--composition``: on (:data:`COMPOSITION_DIM`) where some training answers are in no fact, with two
-    more starts than the comparison's (the composition alone, the head's own start without it); ``--composition 0``
-    off, the comparison's starts alone."""
+def test_the_composition_is_on_where_answers_are_verdicts_and_off_with_zero(tmp_path, capsys):
+    """Without ``--composition``: on (:data:`COMPOSITION_DIM`) where some training answers are in no fact, with
+    :data:`COMPOSITION_EXTRA_STARTS` more starts than the comparison's (the composition alone from three draws of its
+    vectors, the head's own start without it), and the note says so; ``--composition 0`` off, the comparison's
+    starts alone."""
     train = write_qa_jsonl(size_records(40, 0), tmp_path / "train.jsonl")
-    for flag, composition, starts in (([], command_defaults.COMPOSITION_DIM, command_defaults.COMPARISON_STARTS + 2),
+    extra = fact_composition.COMPOSITION_EXTRA_STARTS
+    for flag, composition, starts in (([], command_defaults.COMPOSITION_DIM, command_defaults.COMPARISON_STARTS + extra),
                                       (["--composition", "0"], None, command_defaults.COMPARISON_STARTS)):
         out = tmp_path / f"run{len(flag)}"
         assert main(["qa", "--train", str(train), "--test", str(train), "--hops", "1", "--steps", "1",
@@ -62,8 +64,11 @@ def test_the_composition_is_on_where_answers_are_verdicts_and_off_with_zero(tmp_
         results = json.loads((out / "results.json").read_text())
         assert (results["composition"], len(results["starts"])) == (composition, starts), flag
         if composition:
-            assert [start["start_from"] for start in results["starts"][1:3]] == [
-                "the composition alone", "the emission without its composition"]
+            assert [start["start_from"] for start in results["starts"][1:5]] == [
+                "the composition alone", "the composition alone and its symbol vectors from draw 1",
+                "the composition alone and its symbol vectors from draw 2", "the emission without its composition"]
+            assert (f"; starts 1-3 of the {starts} are the composition alone, the head's own starts follow without "
+                    "it (--composition 0: off)") in capsys.readouterr().err
 
 
 @pytest.mark.filterwarnings("ignore::pyro_multihop.datasets.qa_jsonl.AnswerNotInFactsWarning")

@@ -175,24 +175,38 @@ def test_an_embedded_head_with_answers_and_a_register_composes_in_every_form():
         assert torch.allclose(head.log_likelihood(at).exp(), proba[:, symbol], atol=1e-9, rtol=0)
 
 
-def test_start_one_is_the_composition_alone_and_the_head_own_starts_follow_without_it():
-    """``fit_svi(starts=K)``'s start 1 of a head with a composition is the composition alone (its share 1 but
-    ``exp(-30)``: the likelihood is the composition's); start 2 the head's own start without it: the likelihood and
-    every gradient those of the same head built without a composition, the composition's gradients exactly 0; starts
-    3.. the head's other starts without it, in their order, setting what they set without a composition."""
+def test_starts_one_to_three_are_the_composition_alone_and_the_head_own_starts_follow_without_it():
+    """``fit_svi(starts=K)``'s starts 1-3 of a head with a composition are the composition alone (its share 1 but
+    ``exp(-30)``: the likelihood is the composition's), start 1 from the head's symbol vectors, starts 2 and 3 from
+    draws 1 and 2 (other vectors, the rest of the head as it was); start 4 the head's own start without it: the
+    likelihood and every gradient those of the same head built without a composition, the composition's gradients
+    exactly 0; starts 5.. the head's other starts without it, in their order, setting what they set without it."""
     obs = factories.random_fact_observations(4, N, F, M, S, seed=95)
-    head = composition_head(1, seed=4, comparison=True)
-    assert head.start_variant(1) == "the composition alone"
-    assert head.composition_mix.item() == fact_composition.ALONE_START
-    assert torch.allclose(head.log_likelihood(obs), head.composition_target_log_probs(obs), atol=1e-9, rtol=0)
     start = {name: value.clone() for name, value in composition_head(1, seed=4, comparison=True).state_dict().items()}
+    alone = fact_composition.COMPOSITION_ALONE_STARTS
+    assert alone == 3 and fact_composition.COMPOSITION_EXTRA_STARTS == alone + 1
+    for variant in range(1, alone + 1):
+        head = composition_head(1, seed=4, comparison=True)
+        said = head.start_variant(variant)
+        assert said == "the composition alone" + ("" if variant == 1 else
+                                                  f" and its symbol vectors from draw {variant - 1}")
+        assert head.composition_mix.item() == fact_composition.ALONE_START
+        assert torch.allclose(head.log_likelihood(obs), head.composition_target_log_probs(obs), atol=1e-9, rtol=0)
+        redrawn = {"composition_relation", "composition_question"} if variant > 1 else set()
+        for name, value in head.state_dict().items():
+            if name != "composition_mix":
+                assert torch.equal(value, start[name]) == (name not in redrawn), (variant, name)
+        if redrawn:
+            expected = fact_composition.symbol_vectors(S, 2, variant - 1, torch.float64)
+            assert torch.equal(head.composition_relation, expected[0])
+            assert torch.equal(head.composition_question, expected[1])
     shared = {name: value for name, value in start.items() if not name.startswith("composition_")}
-    for variant in range(2, 10):
+    for variant in range(alone + 1, alone + 9):
         head = composition_head(1, seed=4, comparison=True)
         plain = FactAttention(1, F, S, max_question_len=P, max_distance=3, dtype=torch.float64, comparison=True)
         plain.load_state_dict(shared)
         said = head.start_variant(variant)
-        plain_said = plain.start_variant(variant - 2)
+        plain_said = plain.start_variant(variant - alone - 1)
         assert said == "the emission without its composition" + ("" if plain_said is None else f" and {plain_said}")
         assert head.word_order == plain.word_order
         for name, value in plain.state_dict().items():
@@ -209,4 +223,4 @@ def test_start_one_is_the_composition_alone_and_the_head_own_starts_follow_witho
                 assert parameter.grad is None or not parameter.grad.any(), (variant, name)
             else:
                 assert torch.equal(parameter.grad, plain_grads[name]), (variant, name)
-    assert composition_head(1, seed=4, comparison=True).start_variant(10) is None
+    assert composition_head(1, seed=4, comparison=True).start_variant(alone + 9) is None
