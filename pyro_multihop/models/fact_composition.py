@@ -45,9 +45,10 @@ COMPOSITION_SHAPES = {"composition_gate": "(S,)", "composition_side": "(F,)", "c
                       "composition_mix": "(1,)"}
 
 #: The scale of the symbol vectors' random start (a start at 0 is a saddle: ``a`` is a product of them). Measured on
-#: bAbI task 17, 1k, the composition alone: at 0.1, four draws in nine fell into a trap (70-77 % of the test answers,
-#: training log-likelihood about -0.33, on the task and on its relabelled copy); at 0.5 those four draws answered
-#: 97.3-98.4 %; at 1.0 one of two fell again (60.1 %) (docs/babi.md).
+#: bAbI task 17, 1k, the composition alone: a draw falls into a trap (70-78 % of the answers, training log-likelihood
+#: about -0.33 against -0.02) at 0.1 four times in nine and at 0.5 three times in ten, on the task and on its
+#: relabelled copy, and not always the same draws (at 1.0 one of two); hence several draws
+#: (:data:`COMPOSITION_ALONE_STARTS`; docs/facts.md, "A composition of two facts").
 VECTOR_START_SCALE = 0.5
 
 #: Where ``composition_mix`` starts: ``kappa = sigmoid(3) = 0.95``, so that the composition learns before the other
