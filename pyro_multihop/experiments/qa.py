@@ -429,8 +429,9 @@ def run_qa(train_records: Sequence[QARecord], test_records: Sequence[QARecord], 
     composition of two facts in the emission (``FactAttention``'s; ``results.json``'s ``composition``), 0 off, or
     by default (None) :data:`~.command_defaults.COMPOSITION_DIM` where some training answers occur in no fact and are
     neither lists (the register's) nor said per hop (:func:`verdict_composition`), with
-    :data:`~pyro_multihop.models.fact_composition.COMPOSITION_EXTRA_STARTS` more starts by default (start 1 the
-    composition alone from three draws of its vectors, the head's own starts without it after them). ``hops``: the old name of ``n_hops``, deprecated."""
+    :data:`~pyro_multihop.models.fact_composition.COMPOSITION_EXTRA_STARTS` more starts by default (starts 1-3 the
+    composition alone from three draws of its vectors, the head's own starts without it after them). ``hops``: the
+    old name of ``n_hops``, deprecated."""
     n_hops = renamed_keyword("run_qa", "n_hops", n_hops, "hops", hops)
     if composition is not None and (isinstance(composition, bool) or not isinstance(composition, int)
                                     or composition < 0):

@@ -23,8 +23,9 @@ the same factor at every attended fact and every query of the engine stays exact
 register, :mod:`.fact_register`); ``p(target) = mean over pairs`` is exact, ``O(N^2 (M + A))`` a row. Why the
 question's side is a fixed ramp: learnt (a weight per position) it did not leave the start in a prototype on task 17
 (52-72 % of the test answers), held at the ramp 97-98 % (docs/babi.md). The ramp reads no word; the fields' sides,
-which words relate and what the question asks are learnt. In the head's several starts, start 1 is the composition
-alone and the head's own starts follow without it (:meth:`PairComposition.composition_variants`).
+which words relate and what the question asks are learnt. In the head's several starts, starts 1-3 are the
+composition alone, from three draws of its vectors, and the head's own starts follow without it
+(:meth:`PairComposition.composition_variants`).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class PairComposition:
         likelihood is exactly the head's), so the held-out likelihood chooses between them."""
         if not self.uses_composition:
             return variants
-        alone = (("alone",),) + tuple(("alone", f"draw {draw}") for draw in range(1, COMPOSITION_ALONE_STARTS))
+        alone = (("alone",),) + tuple(("alone", draw) for draw in range(1, COMPOSITION_ALONE_STARTS))
         return alone + (("without",),) + tuple(("without",) + variant for variant in variants)
 
     def composition_start(self, variant: tuple) -> list:
@@ -208,7 +209,7 @@ class PairComposition:
             if "alone" in variant:
                 self.composition_mix.fill_(ALONE_START)
                 said.append("the composition alone")
-            for draw in (int(part.split()[1]) for part in variant if part.startswith("draw ")):
+            for draw in (part for part in variant if isinstance(part, int)):  # another draw of the vectors
                 for parameter, value in zip((self.composition_relation, self.composition_question),
                                             symbol_vectors(self.num_symbols, self.composition_dim, draw,
                                                            self.composition_relation.dtype)):
